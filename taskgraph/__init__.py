@@ -1,0 +1,37 @@
+"""taskgraph: build task graphs in Python, run them on MPI ranks, watch them run.
+
+    import taskgraph as tg
+    from taskgraph.kernels import potrf, trsm, syrk, gemm
+
+    A = tg.TiledMatrix.random_spd(4096, tile=512)
+    with tg.Graph("cholesky") as g:
+        for k in range(A.nt):
+            potrf(A[k, k].rw)
+            ...
+    tg.Cluster().run(g).wait()
+"""
+
+from .access import Access, Mode
+from .cluster import Cluster, Run, compile_kernels, current_cluster
+from .errors import (
+    GraphError,
+    NotPositiveDefiniteError,
+    PlanError,
+    RemoteTraceback,
+    RunError,
+    TaskError,
+    TaskgraphError,
+)
+from .graph import Future, Graph, TaskRef, task
+from .kernel import Kernel, kernel
+from .plan import Plan, RankPlan, make_plan
+from .tiled import Tile, TiledMatrix
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Access", "Cluster", "Future", "Graph", "GraphError", "Kernel", "Mode",
+    "NotPositiveDefiniteError", "Plan", "PlanError", "RankPlan", "RemoteTraceback", "Run",
+    "RunError", "TaskError", "TaskRef", "TaskgraphError", "Tile", "TiledMatrix",
+    "compile_kernels", "current_cluster", "kernel", "make_plan", "task",
+]

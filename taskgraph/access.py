@@ -1,0 +1,54 @@
+"""Access modes: how a task uses a piece of data.
+
+A task reads (``.r``), writes (``.w``) or reads and writes (``.rw``) each tile it
+touches. The graph infers dependencies from these marks, as in a sequential task
+flow: read-after-write, write-after-read and write-after-write.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Mode(enum.IntFlag):
+    R = 1
+    W = 2
+    RW = 3
+
+    @property
+    def reads(self) -> bool:
+        return bool(self & Mode.R)
+
+    @property
+    def writes(self) -> bool:
+        return bool(self & Mode.W)
+
+    @property
+    def mark(self) -> str:
+        return {Mode.R: "r", Mode.W: "w", Mode.RW: "rw"}[self]
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        try:
+            return {"r": cls.R, "w": cls.W, "rw": cls.RW}[text.strip().lower()]
+        except KeyError:
+            raise ValueError(f"unknown access mode {text!r}: use 'r', 'w' or 'rw'") from None
+
+
+def parse_modes(spec: str | tuple | list) -> tuple[Mode, ...]:
+    """``"r,rw"`` or ``("r", "rw")`` -> ``(Mode.R, Mode.RW)``."""
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    return tuple(p if isinstance(p, Mode) else Mode.parse(p) for p in parts)
+
+
+class Access:
+    """A tile together with the way a task uses it (``A[i, j].rw``)."""
+
+    __slots__ = ("tile", "mode")
+
+    def __init__(self, tile, mode: Mode):
+        self.tile = tile
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"{self.tile!r}.{self.mode.mark}"

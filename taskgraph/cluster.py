@@ -1,0 +1,176 @@
+"""Clusters and runs: where graphs execute, and the handle a run returns.
+
+In a batch job (``mpiexec -n 4 python script.py``, or ``taskgraph run -n 4``) every
+rank runs the same script, and ``tg.Cluster()`` means the ranks of that job: each
+rank plans the graph for itself (plans are deterministic, so all agree) and runs its
+own share. Without an MPI launcher, ``tg.Cluster()`` is one rank and mpi4py is never
+imported.
+
+``cluster.run(graph)`` checks and plans the graph at once (a malformed graph raises
+here), then executes it in a background thread and returns a :class:`Run`:
+``wait()`` blocks and raises if the run failed on any rank, ``done()`` polls,
+``cancel()`` stops it on every rank.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from . import config
+from .comm import World, world
+from .errors import RunError
+from .executor import BufferPool, Executor, Stats
+from .graph import Graph
+from .plan import make_plan
+
+_compiled: set[tuple[int, str]] = set()
+_compile_lock = threading.Lock()
+
+
+def compile_kernels(graph: Graph) -> float:
+    """Compile every kernel the graph uses for its dtypes, once per process; seconds."""
+    dtypes = sorted(graph.dtypes_used(), key=str) or [np.dtype(np.float64)]
+    seconds = 0.0
+    with _compile_lock:
+        for fn in graph.kernels_used():
+            if not hasattr(fn, "compile"):
+                continue
+            todo = [dt for dt in dtypes if (id(fn), dt.str) not in _compiled]
+            if todo:
+                seconds += fn.compile(todo)
+                _compiled.update((id(fn), dt.str) for dt in todo)
+    return seconds
+
+
+class Run:
+    """A graph executing on a cluster; returned at once by :meth:`Cluster.run`."""
+
+    def __init__(self, cluster: Cluster, graph: Graph, workers: int, blas_threads: int):
+        self.cluster = cluster
+        self.graph = graph
+        self.workers = workers
+        self.blas_threads = blas_threads
+        self.plan = make_plan(graph, cluster.size)
+        self.rank_plan = self.plan.for_rank(cluster.rank)
+        self.compile_seconds = 0.0
+        self.seconds = 0.0
+        self.stats = Stats()
+        self._error: BaseException | None = None
+        self._executor: Executor | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        from threadpoolctl import threadpool_limits
+
+        try:
+            self.compile_seconds = compile_kernels(self.graph)
+            with threadpool_limits(limits=self.blas_threads, user_api="blas"):
+                ex = Executor(
+                    self.graph, self.rank_plan, self.cluster.world.network(),
+                    self.workers, self.cluster.pool,
+                )
+                self._executor = ex
+                self._started.set()
+                t0 = time.perf_counter()
+                try:
+                    ex.run()
+                finally:
+                    self.seconds = time.perf_counter() - t0
+                    self.stats = ex.stats
+        except BaseException as exc:  # noqa: BLE001 - re-raised by wait()
+            self._error = exc
+        finally:
+            self._started.set()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> Run:
+        """Block until the run ends; raise its error if it failed on any rank."""
+        try:
+            self._thread.join(timeout)
+        except KeyboardInterrupt:
+            self.cancel("interrupted (KeyboardInterrupt)")
+            self._thread.join()
+            raise
+        if self._thread.is_alive():
+            raise TimeoutError(f"run of {self.graph.name!r} still going after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop the run on every rank; ``wait()`` then raises."""
+        self._started.wait()
+        if self._executor is not None:
+            self._executor.cancel(reason)
+
+    def result(self, future=None):
+        """Wait, then return a future's value (the graph's only sink if none is given)."""
+        self.wait()
+        if future is None:
+            sinks = self.rank_plan.results
+            if len(sinks) != 1:
+                raise RunError(f"the graph has {len(sinks)} results: name the future you want")
+            return self.graph.result(sinks[0])
+        return future.result()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<Run {self.graph.name!r} on {self.cluster.size} ranks: {state}>"
+
+
+class Cluster:
+    """The ranks graphs run on. ``Cluster()``: the ranks of this MPI job (or one rank)."""
+
+    def __init__(self, *, workers: int | None = None, blas_threads: int | None = None,
+                 world_: World | None = None):
+        self.world = world_ or world()
+        self.rank = self.world.rank
+        self.size = self.world.size
+        self.host = self.world.host
+        self.workers = workers or config.workers(self.world.local_size)
+        self.blas_threads = blas_threads or config.blas_threads()
+        self.pool = BufferPool()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Cluster rank {self.rank} of {self.size}, {self.workers} workers per rank, "
+            f"{self.blas_threads} BLAS thread(s) per worker>"
+        )
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to stop for the ranks of a job; kept for the common interface."""
+
+    def run(self, graph: Graph, *, workers: int | None = None,
+            blas_threads: int | None = None) -> Run:
+        """Plan ``graph`` and start running it; returns a :class:`Run` at once."""
+        return Run(self, graph, workers or self.workers, blas_threads or self.blas_threads)
+
+    def barrier(self) -> None:
+        self.world.barrier()
+
+    def gather_tiles(self, matrix, out, root) -> None:
+        self.world.gather_tiles(matrix, out, root)
+
+
+_current: Cluster | None = None
+
+
+def current_cluster() -> Cluster:
+    """The cluster new matrices and runs use by default: this job's ranks."""
+    global _current
+    if _current is None:
+        _current = Cluster()
+    return _current

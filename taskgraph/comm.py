@@ -1,0 +1,218 @@
+"""Communication: the only module that imports mpi4py.
+
+:class:`World` is the set of ranks this process belongs to: ``COMM_WORLD`` under an
+MPI launcher, or a single rank with no MPI at all (mpi4py is then never imported).
+Each run gets a :class:`Network` of its own, on a duplicated communicator, so that a
+failed or cancelled run can never leave a message that a later run matches.
+
+Transfers are non-blocking and buffer-based::
+
+    tile   Isend(array) ------------------------> Irecv(array)   posted ahead, exact size
+    value  Isend(pickled bytes) ----------------> Improbe + Imrecv(bytearray of its size)
+    signal Isend(0 bytes) ----------------------> Improbe + Imrecv
+    abort  Isend(pickled error, CONTROL_TAG) ---> Improbe, on every rank
+
+Only the thread that runs the executor's progress loop calls into a Network.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import socket
+
+import numpy as np
+
+from . import config
+
+CONTROL_TAG = 0
+
+
+class Network:
+    """One run's point-to-point layer. This base class is the single rank: no peers."""
+
+    rank = 0
+    size = 1
+
+    def __init__(self):
+        self.host = socket.gethostname()
+
+    # sends and receives return opaque handles, tested with test_some
+    def isend(self, buf, dst: int, tag: int):
+        raise RuntimeError("a single rank has no peers to send to")
+
+    def irecv(self, buf, src: int, tag: int):
+        raise RuntimeError("a single rank has no peers to receive from")
+
+    def probe(self):
+        """An unexpected message: (handle, source, tag, nbytes), or None."""
+        return None
+
+    def recv_probed(self, handle, buf):
+        raise RuntimeError("nothing to receive")
+
+    def test_some(self, handles: list) -> list[int]:
+        return []
+
+    def cancel(self, handles: list) -> None:
+        pass
+
+    def abandon(self, handles: list) -> None:
+        pass
+
+    def barrier_start(self) -> None:
+        pass
+
+    def barrier_done(self) -> bool:
+        return True
+
+    def allgather(self, obj) -> list:
+        return [obj]
+
+    def close(self) -> None:
+        pass
+
+
+class MPINetwork(Network):
+    """A run's network over a duplicate of the world communicator."""
+
+    def __init__(self, comm):
+        super().__init__()
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.tag_ub = self.comm.Get_attr(MPI.TAG_UB)
+        self._status = MPI.Status()
+        self._barrier = None
+
+    def isend(self, buf, dst, tag):
+        return self.comm.Isend(buf, dst, tag)
+
+    def irecv(self, buf, src, tag):
+        return self.comm.Irecv(buf, src, tag)
+
+    def probe(self):
+        MPI = self.MPI
+        msg = self.comm.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status)
+        if msg is None:
+            return None
+        st = self._status
+        return msg, st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE)
+
+    def recv_probed(self, handle, buf):
+        return handle.Irecv(buf)
+
+    def test_some(self, handles):
+        if not handles:
+            return []
+        done = self.MPI.Request.Testsome(handles)
+        return list(done) if done else []
+
+    def cancel(self, handles):
+        """Cancel pending receives and wait for them to finish (cancelled or not)."""
+        for h in handles:
+            h.Cancel()
+        if handles:
+            self.MPI.Request.Waitall(handles)
+
+    def abandon(self, handles):
+        """Forget sends that may never be matched (their peer stopped)."""
+        for h in handles:
+            try:
+                h.Free()
+            except self.MPI.Exception:
+                pass
+
+    def barrier_start(self):
+        self._barrier = self.comm.Ibarrier()
+
+    def barrier_done(self):
+        return self._barrier is None or bool(self._barrier.Test())
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def close(self):
+        try:
+            self.comm.Free()
+        except self.MPI.Exception:
+            pass
+
+
+def dumps(value) -> bytes:
+    return pickle.dumps(value, protocol=5)
+
+
+def loads(buf) -> object:
+    return pickle.loads(buf)
+
+
+class World:
+    """The ranks of this job: COMM_WORLD under MPI, or one rank without MPI."""
+
+    def __init__(self, use_mpi: bool | None = None):
+        use_mpi = config.use_mpi() if use_mpi is None else use_mpi
+        self.host = socket.gethostname()
+        self.comm = None
+        self.rank, self.size, self.local_size = 0, 1, 1
+        if use_mpi:
+            from mpi4py import MPI
+
+            self.comm = MPI.COMM_WORLD
+            self.rank = self.comm.Get_rank()
+            self.size = self.comm.Get_size()
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+            self.local_size = node.Get_size()
+            node.Free()
+
+    def network(self) -> Network:
+        return MPINetwork(self.comm) if self.comm is not None else Network()
+
+    def barrier(self) -> None:
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def bcast(self, obj, root: int = 0):
+        return self.comm.bcast(obj, root) if self.comm is not None else obj
+
+    def allgather(self, obj) -> list:
+        return self.comm.allgather(obj) if self.comm is not None else [obj]
+
+    def gather_tiles(self, matrix, out: np.ndarray | None, root: int | None) -> None:
+        """Copy every tile of ``matrix`` into ``out`` on root (every rank if None)."""
+        t = matrix.tile
+        for (i, j), arr in matrix.tiles.items():
+            if out is not None:
+                out[i * t : i * t + arr.shape[0], j * t : j * t + arr.shape[1]] = arr
+        if self.comm is None:
+            return
+        targets = range(self.size) if root is None else [root]
+        for dst in targets:
+            self._send_tiles_to(matrix, out, dst)
+
+    def _send_tiles_to(self, matrix, out, dst: int) -> None:
+        """Every owner sends dst the tiles it lacks, one at a time, in index order."""
+        t, comm = matrix.tile, self.comm
+        scratch: dict[tuple, np.ndarray] = {}
+        for tag, (i, j) in enumerate(matrix.indices()):
+            owner = matrix.owner(i, j)
+            if owner == dst:
+                continue
+            if self.rank == owner:
+                comm.Send(matrix.tiles[i, j], dst, tag)
+            elif self.rank == dst:
+                shape = matrix.tile_shape(i, j)
+                buf = scratch.get(shape)
+                if buf is None:
+                    buf = scratch[shape] = np.empty(shape, matrix.dtype, order="F")
+                comm.Recv(buf, owner, tag)
+                out[i * t : i * t + shape[0], j * t : j * t + shape[1]] = buf
+
+
+@functools.lru_cache(maxsize=1)
+def world() -> World:
+    """The world of this process, made once."""
+    return World()

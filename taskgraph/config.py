@@ -1,0 +1,95 @@
+"""Configuration: every ``TASKGRAPH_*`` environment variable is read here, and only here.
+
+=============================  ==============================================  =========
+variable                       meaning                                         default
+=============================  ==============================================  =========
+TASKGRAPH_MPI                  ``1``: use MPI; ``0``: never import mpi4py      auto [1]_
+TASKGRAPH_MPIEXEC              the ``mpiexec`` command to launch ranks with    [2]_
+TASKGRAPH_WORKERS              worker threads per rank                         cores/ranks
+TASKGRAPH_BLAS_THREADS         BLAS threads per worker                         1
+TASKGRAPH_MAX_SENDS            sends in flight per rank                        64
+TASKGRAPH_RECV_BUDGET_MB       bytes of receives posted ahead per rank         512
+TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      1000
+TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
+=============================  ==============================================  =========
+
+.. [1] MPI is used when the process was started by an MPI launcher (mpiexec, srun).
+.. [2] the ``mpiexec`` beside the running Python (the ``mpich`` wheel puts it there),
+       else the first on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+# variables that MPI launchers (MPICH/hydra, Open MPI, PMIx, SLURM's srun) set in ranks
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def use_mpi() -> bool:
+    raw = os.environ.get("TASKGRAPH_MPI", "").strip().lower()
+    if raw in ("0", "no", "false", "off"):
+        return False
+    if raw in ("1", "yes", "true", "on"):
+        return True
+    return any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+def mpiexec() -> str:
+    raw = os.environ.get("TASKGRAPH_MPIEXEC", "").strip()
+    if raw:
+        return raw
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise FileNotFoundError(
+            "no mpiexec found: `pip install mpich` (or load your site's MPI), "
+            "or set TASKGRAPH_MPIEXEC"
+        )
+    return found
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def workers(ranks_here: int) -> int:
+    return max(1, _int("TASKGRAPH_WORKERS", max(1, cores() // max(1, ranks_here))))
+
+
+def blas_threads() -> int:
+    return max(1, _int("TASKGRAPH_BLAS_THREADS", 1))
+
+
+def max_sends() -> int:
+    return max(1, _int("TASKGRAPH_MAX_SENDS", 64))
+
+
+def recv_budget() -> int:
+    return max(1, _int("TASKGRAPH_RECV_BUDGET_MB", 512)) << 20
+
+
+def poll_max() -> float:
+    return max(1, _int("TASKGRAPH_POLL_MAX_US", 1000)) * 1e-6
+
+
+def quick() -> bool:
+    return os.environ.get("TASKGRAPH_QUICK", "").strip() in ("1", "yes", "true")

@@ -1,0 +1,74 @@
+"""The exceptions a user can meet, in one place.
+
+Build-time problems (a malformed graph, a wrong shape) raise :class:`GraphError`
+before anything runs. Run-time failures raise :class:`TaskError` on every rank:
+it names the task, its arguments, the rank where it failed and the host, and
+carries the original traceback as its ``__cause__`` (a :class:`RemoteTraceback`
+when the failure happened on another rank).
+"""
+
+from __future__ import annotations
+
+
+class TaskgraphError(Exception):
+    """Base class of every error raised by taskgraph."""
+
+
+class GraphError(TaskgraphError, ValueError):
+    """The graph is malformed: a cycle, a wrong shape or dtype, a tile out of range."""
+
+
+class PlanError(TaskgraphError, ValueError):
+    """The graph cannot be placed on the given ranks."""
+
+
+class NotPositiveDefiniteError(TaskgraphError, ArithmeticError):
+    """A Cholesky factorisation met a leading minor that is not positive definite."""
+
+    def __init__(self, order: int, message: str | None = None):
+        self.order = order
+        super().__init__(
+            message or f"the leading minor of order {order} of the tile is not positive definite"
+        )
+
+
+class RemoteTraceback(TaskgraphError):
+    """The formatted traceback of an exception raised on another rank."""
+
+    def __init__(self, text: str):
+        self.text = text
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return "\n\n" + self.text
+
+
+class TaskError(TaskgraphError, RuntimeError):
+    """A task failed (its function raised) or the run was aborted because of it."""
+
+    def __init__(
+        self,
+        task: str,
+        rank: int,
+        size: int,
+        host: str,
+        error: str,
+        traceback: str = "",
+    ):
+        self.task = task
+        self.rank = rank
+        self.size = size
+        self.host = host
+        self.error = error
+        self.traceback = traceback
+        super().__init__(f"task {task} on rank {rank}/{size} ({host}) failed: {error}")
+
+    def __reduce__(self):
+        return (
+            type(self),
+            (self.task, self.rank, self.size, self.host, self.error, self.traceback),
+        )
+
+
+class RunError(TaskgraphError, RuntimeError):
+    """A run failed for a reason that is not one task's error (a lost rank, a cancel)."""

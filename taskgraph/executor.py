@@ -1,0 +1,513 @@
+"""Per-rank execution of a plan: dependency counters, a priority queue, workers.
+
+Every rank runs one :class:`Executor` over its :class:`~taskgraph.plan.RankPlan`;
+there is no central scheduler. Two kinds of threads::
+
+    workers (N)                          progress thread (the one that called run)
+    ───────────                          ─────────────────────────────────────────
+    pop the ready task of highest        posts sends of finished tasks (at most
+    priority, run its kernel (GIL        max_sends in flight), posts receives ahead
+    released), then, under the lock:     (up to a byte budget), tests them, takes
+    count down local successors,         unexpected messages (values, signals,
+    push the ones that reach zero,  ──►  aborts) with a probe, and counts down the
+    hand sends to the progress thread    tasks a completed message releases.
+
+Task states move WAITING -> READY -> RUNNING -> DONE (or FAILED), through
+:meth:`Executor._move` only. A task is READY when its counter reaches zero: one
+count per local predecessor, per incoming message it reads, and per outgoing send
+of the tile version it overwrites (a cross-rank write-after-read).
+
+When idle the progress thread sleeps, doubling the sleep up to ``poll_max``, and
+wakes at once when a worker hands it work: a rank that waits for a message does not
+burn a core. A task that raises stops this rank's workers, sends an abort to every
+other rank, and all ranks agree on the outcome (``Ibarrier`` then ``allgather``)
+before the run's communicator is freed, so every rank raises the same
+:class:`~taskgraph.errors.TaskError`, and the next run starts clean.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import threading
+import time
+import traceback
+from collections import deque
+
+import numpy as np
+
+from . import comm as commlib
+from . import config
+from .errors import RemoteTraceback, RunError, TaskError
+from .graph import INITIAL, Graph, Ref
+from .plan import CONTROL_TAG, Message, RankPlan
+
+
+class State(enum.IntEnum):
+    WAITING = 0
+    READY = 1
+    RUNNING = 2
+    DONE = 3
+    FAILED = 4
+
+
+_LEGAL = {
+    (State.WAITING, State.READY),
+    (State.READY, State.RUNNING),
+    (State.RUNNING, State.DONE),
+    (State.RUNNING, State.FAILED),
+}
+
+
+class BufferPool:
+    """Receive buffers, kept by (shape, dtype) and handed out again instead of freed."""
+
+    def __init__(self):
+        self._free: dict[tuple, list[np.ndarray]] = {}
+
+    def get(self, shape: tuple, dtype: str) -> np.ndarray:
+        stack = self._free.get((shape, dtype))
+        if stack:
+            return stack.pop()
+        return np.empty(shape, np.dtype(dtype), order="F")
+
+    def put(self, arr: np.ndarray) -> None:
+        self._free.setdefault((arr.shape, arr.dtype.str), []).append(arr)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._free.values())
+
+
+class Stats:
+    """What a run did on one rank (kept tiny: it is returned to the caller)."""
+
+    def __init__(self):
+        self.tasks = 0
+        self.sent = 0
+        self.received = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.polls = 0
+        self.sleeps = 0
+        self.seconds = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class Executor:
+    """Runs one rank's share of a plan."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        plan: RankPlan,
+        network: commlib.Network,
+        workers: int = 1,
+        pool: BufferPool | None = None,
+    ):
+        self.graph = graph
+        self.plan = plan
+        self.net = network
+        self.nworkers = max(1, workers)
+        self.pool = pool if pool is not None else BufferPool()
+        self.stats = Stats()
+        self.max_sends = config.max_sends()
+        self.recv_budget = config.recv_budget()
+        self.poll_max = config.poll_max()
+
+        self.lock = threading.Condition(threading.Lock())
+        self.wake = threading.Event()  # workers -> progress thread
+        self.state = {t: State.WAITING for t in plan.tasks}
+        self.waits = dict(plan.waits)
+        self.ready: list[tuple[float, int]] = []
+        self.done = 0
+        self.outbox: list[int] = []  # finished tasks whose sends are still to post
+        self.failure: dict | None = None  # first local failure, or a remote abort
+        self.stopping = False
+        self.values: dict[int, object] = {}
+        self.received: dict[tuple[int, int], object] = {}  # (data, producer) -> buffer
+        self.refs: dict[tuple[int, int], int] = {}  # readers left per received buffer
+        self._running = 0
+        self.exception: BaseException | None = None
+        for t in plan.tasks:
+            if self.waits[t] == 0:
+                self._make_ready(t)
+
+    # -- state -----------------------------------------------------------------------
+
+    def _move(self, t: int, new: State) -> None:
+        old = self.state[t]
+        if (old, new) not in _LEGAL:
+            raise RuntimeError(f"illegal move of task {t}: {old.name} -> {new.name}")
+        self.state[t] = new
+
+    def _make_ready(self, t: int) -> None:
+        self._move(t, State.READY)
+        heapq.heappush(self.ready, (-self.plan.priority[t], t))
+
+    def _count_down(self, t: int) -> bool:
+        """One event task t waited for happened; True if it became ready. Lock held."""
+        self.waits[t] -= 1
+        if self.waits[t] == 0:
+            self._make_ready(t)
+            return True
+        return False
+
+    # -- workers ---------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        lock = self.lock
+        lock.acquire()
+        try:
+            while True:
+                while not self.ready and not self.stopping:
+                    lock.wait()
+                if self.stopping:
+                    return
+                _, t = heapq.heappop(self.ready)
+                self._move(t, State.RUNNING)
+                self._running += 1
+                lock.release()
+                try:
+                    value = self._call(t)
+                except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                    lock.acquire()
+                    self._running -= 1
+                    self._fail(t, exc)
+                    return
+                lock.acquire()
+                self._running -= 1
+                try:
+                    self._finish(t, value)
+                except BaseException as exc:  # noqa: BLE001 - a runtime bug: fail loudly
+                    self._fail(t, exc, state=State.DONE)
+                    return
+        finally:
+            lock.release()
+
+    def _call(self, t: int):
+        task = self.graph.tasks[t]
+        if not task.kwargs and all(isinstance(a, Ref) for a in task.args):
+            versions = dict(task.reads)
+            args = [self._fetch(a.data, versions) for a in task.args]
+            return task.fn.fn(*args)
+        versions = dict(task.reads)
+        args = [self._fetch(a.data, versions) if isinstance(a, Ref) else a for a in task.args]
+        kwargs = {}
+        if task.kwargs:
+            kwargs = {
+                k: self._fetch(v.data, versions) if isinstance(v, Ref) else v
+                for k, v in task.kwargs.items()
+            }
+        return task.fn.fn(*args, **kwargs)
+
+    def _fetch(self, d: int, versions: dict[int, int]):
+        """The local array or value of the data a task uses."""
+        item = self.graph.data[d]
+        if item.is_tile:
+            tile = item.tile
+            arr = tile.matrix.tiles.get((tile.i, tile.j))
+            if arr is not None:
+                return arr
+        elif item.producer in self.values:
+            return self.values[item.producer]
+        return self.received[d, versions[d]]
+
+    def _finish(self, t: int, value) -> None:
+        """Task t ended well: count down what waited for it. Lock held."""
+        self._move(t, State.DONE)
+        self.done += 1
+        task = self.graph.tasks[t]
+        if not hasattr(task.fn, "modes"):
+            self.values[t] = value
+        woken = 0
+        for s in self.plan.successors[t]:
+            woken += self._count_down(s)
+        for d, prod in task.reads:
+            key = (d, prod)
+            left = self.refs.get(key)
+            if left is not None:
+                if left == 1:
+                    del self.refs[key]
+                    buf = self.received.pop(key)
+                    if isinstance(buf, np.ndarray):
+                        self.pool.put(buf)
+                else:
+                    self.refs[key] = left - 1
+        if woken > 1:
+            self.lock.notify(woken - 1)  # this worker takes one itself
+        if t in self.plan.sends:
+            self.outbox.append(t)
+            self.wake.set()
+        if self.done == len(self.plan.tasks):
+            self.wake.set()
+
+    def _fail(self, t: int | None, exc: BaseException, state: State = State.RUNNING) -> None:
+        """Task t raised (or the runtime did, t None): stop this rank. Lock held."""
+        if t is not None and state == State.RUNNING:
+            self._move(t, State.FAILED)
+        if self.failure is None:
+            self.failure = {
+                "task": self.graph.label(t) if t is not None else "(runtime)",
+                "rank": self.net.rank,
+                "size": self.net.size,
+                "host": self.net.host,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": "".join(traceback.format_exception(exc)),
+                "origin": True,
+            }
+            self.exception = exc
+        self.stopping = True
+        self.lock.notify_all()
+        self.wake.set()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop the run on this rank (and, through the abort, on every rank)."""
+        with self.lock:
+            self._fail(None, RunError(reason))
+
+    # -- the progress loop -----------------------------------------------------------
+
+    def run(self) -> None:
+        """Run this rank's tasks; raise TaskError if any rank failed."""
+        t0 = time.perf_counter()
+        threads = [
+            threading.Thread(target=self._worker, name=f"taskgraph-worker-{i}", daemon=True)
+            for i in range(self.nworkers)
+        ]
+        for th in threads:
+            th.start()
+        try:
+            self._progress()
+        except BaseException as exc:  # noqa: BLE001 - a bug in the loop, or an interrupt
+            with self.lock:
+                self._fail(None, exc)
+        finally:
+            with self.lock:
+                self.stopping = True
+                self.lock.notify_all()
+            for th in threads:
+                th.join()
+        self._conclude()
+        self.stats.tasks = self.done
+        self.stats.seconds = time.perf_counter() - t0
+
+    def _progress(self) -> None:
+        net = self.net
+        self.sends_waiting: deque[Message] = deque(self.plan.sends.get(INITIAL, ()))
+        self.sends_active: list = []
+        self.sends_active_msgs: list[Message] = []
+        self.recvs_todo: deque[Message] = deque(m for m in self.plan.recvs if m.kind == "tile")
+        self.expected = {(m.src, m.tag): m for m in self.plan.recvs}
+        self.recvs_active: list = []
+        self.recvs_active_msgs: list[Message] = []
+        self.posted_bytes = 0
+        self.recvs_left = len(self.plan.recvs)
+        self.pickled: dict[int, bytes] = {}
+        ntasks = len(self.plan.tasks)
+        sleep = 0.0
+        while True:
+            with self.lock:
+                finished = self.outbox
+                self.outbox = []
+                failed = self.failure is not None
+                all_done = self.done == ntasks
+            if failed:
+                return
+            for t in finished:
+                self.sends_waiting.extend(self.plan.sends[t])
+            busy = bool(finished)
+            if net.size > 1:
+                busy |= self._post_sends()
+                busy |= self._post_recvs()
+                busy |= self._test_recvs()
+                busy |= self._test_sends()
+                busy |= self._probe()
+                self.stats.polls += 1
+            if all_done and not self.sends_waiting and not self.sends_active and not self.recvs_left:
+                return
+            if busy:
+                sleep = 0.0
+                continue
+            if net.size == 1 or (not self.sends_active and not self.recvs_left):
+                # nothing to poll: sleep until a worker hands over work
+                self.wake.wait(0.05 if net.size > 1 else None)
+            else:
+                sleep = min(self.poll_max, max(2e-5, sleep * 2))
+                self.stats.sleeps += 1
+                self.wake.wait(sleep)
+            self.wake.clear()
+
+    def _post_sends(self) -> bool:
+        posted = False
+        while self.sends_waiting and len(self.sends_active) < self.max_sends:
+            msg = self.sends_waiting.popleft()
+            self.sends_active.append(self.net.isend(self._payload(msg), msg.dst, msg.tag))
+            self.sends_active_msgs.append(msg)
+            self.stats.sent += 1
+            self.stats.bytes_sent += msg.nbytes
+            posted = True
+        return posted
+
+    def _payload(self, msg: Message):
+        if msg.kind == "tile":
+            tile = self.graph.data[msg.data].tile
+            return tile.matrix.tiles[tile.i, tile.j]
+        if msg.kind == "value":
+            data = self.pickled.get(msg.producer)
+            if data is None:
+                data = self.pickled[msg.producer] = commlib.dumps(self.values[msg.producer])
+            return data
+        return b""
+
+    def _post_recvs(self) -> bool:
+        posted = False
+        while self.recvs_todo and (
+            self.posted_bytes < self.recv_budget or not self.recvs_active
+        ):
+            msg = self.recvs_todo.popleft()
+            if (msg.src, msg.tag) not in self.expected:
+                continue  # arrived early, already taken by the probe
+            del self.expected[msg.src, msg.tag]
+            buf = self.pool.get(msg.shape, msg.dtype)
+            self._start_recv(msg, self.net.irecv(buf, msg.src, msg.tag), buf)
+            posted = True
+        return posted
+
+    def _start_recv(self, msg: Message, req, buf) -> None:
+        self.recvs_active.append(req)
+        self.recvs_active_msgs.append((msg, buf))
+        self.posted_bytes += msg.nbytes
+
+    def _probe(self) -> bool:
+        got = False
+        while True:
+            found = self.net.probe()
+            if found is None:
+                return got
+            got = True
+            handle, src, tag, nbytes = found
+            if tag == CONTROL_TAG:
+                buf = bytearray(nbytes)
+                self.net.recv_probed(handle, buf).Wait()
+                self._remote_abort(commlib.loads(buf))
+                continue
+            msg = self.expected.pop((src, tag), None)
+            if msg is None:
+                raise RunError(f"rank {self.net.rank} got an unplanned message (source {src}, tag {tag})")
+            if msg.kind == "tile":
+                buf = self.pool.get(msg.shape, msg.dtype)
+            else:
+                buf = bytearray(nbytes)
+            self._start_recv(msg, self.net.recv_probed(handle, buf), buf)
+
+    def _test_recvs(self) -> bool:
+        done = self.net.test_some(self.recvs_active)
+        if not done:
+            return False
+        finished = [self.recvs_active_msgs[i] for i in done]
+        keep = set(done)
+        self.recvs_active = [r for i, r in enumerate(self.recvs_active) if i not in keep]
+        self.recvs_active_msgs = [m for i, m in enumerate(self.recvs_active_msgs) if i not in keep]
+        with self.lock:
+            woken = 0
+            for msg, buf in finished:
+                self.recvs_left -= 1
+                self.posted_bytes -= msg.nbytes
+                self.stats.received += 1
+                self.stats.bytes_received += msg.nbytes
+                if msg.kind == "tile":
+                    self._deliver(msg, buf)
+                elif msg.kind == "value":
+                    self._deliver(msg, commlib.loads(buf))
+                for t in set(msg.consumers):
+                    woken += self._count_down(t)
+            if woken:
+                self.lock.notify(woken)
+        return True
+
+    def _deliver(self, msg: Message, obj) -> None:
+        key = (msg.data, msg.producer)
+        self.received[key] = obj
+        self.refs[key] = len(set(msg.consumers))
+
+    def _test_sends(self) -> bool:
+        done = self.net.test_some(self.sends_active)
+        if not done:
+            return False
+        finished = [self.sends_active_msgs[i] for i in done]
+        keep = set(done)
+        self.sends_active = [r for i, r in enumerate(self.sends_active) if i not in keep]
+        self.sends_active_msgs = [m for i, m in enumerate(self.sends_active_msgs) if i not in keep]
+        with self.lock:
+            woken = 0
+            for msg in finished:
+                for t in msg.release:
+                    woken += self._count_down(t)
+            if woken:
+                self.lock.notify(woken)
+        return True
+
+    def _remote_abort(self, info: dict) -> None:
+        with self.lock:
+            if self.failure is None:
+                self.failure = dict(info, origin=False)
+            self.stopping = True
+            self.lock.notify_all()
+
+    # -- the end: every rank agrees on the outcome -----------------------------------
+
+    def _conclude(self) -> None:
+        net = self.net
+        failure = self.failure
+        if net.size > 1:
+            if failure is not None:
+                if failure.get("origin"):
+                    self._send_abort(failure)
+                self._abandon_transfers()
+            net.barrier_start()
+            sleep = 0.0
+            while not net.barrier_done():
+                found = net.probe()  # aborts sent to a rank that already finished
+                if found is not None and found[2] == CONTROL_TAG:
+                    buf = bytearray(found[3])
+                    net.recv_probed(found[0], buf).Wait()
+                    continue
+                sleep = min(self.poll_max, max(2e-5, sleep * 2))
+                time.sleep(sleep)
+            outcomes = net.allgather(failure if failure and failure.get("origin") else None)
+            origins = [o for o in outcomes if o is not None]
+            failure = origins[0] if origins else failure
+        results = {}
+        if failure is None:
+            mine = {t: self.values[t] for t in self.plan.results if t in self.values}
+            for part in net.allgather(mine):
+                results.update(part)
+        net.close()
+        self.graph.results.update(results)
+        self.graph.result_ranks.update({t: net.rank for t in self.values})
+        if failure is not None:
+            err = TaskError(
+                failure["task"], failure["rank"], failure["size"], failure["host"],
+                failure["error"], failure["traceback"],
+            )
+            cause = self.exception if failure.get("origin") and failure["rank"] == net.rank else None
+            raise err from (cause or RemoteTraceback(failure["traceback"]))
+
+    def _send_abort(self, failure: dict) -> None:
+        data = commlib.dumps(failure)
+        reqs = [self.net.isend(data, r, CONTROL_TAG) for r in range(self.net.size)
+                if r != self.net.rank]
+        deadline = time.monotonic() + 2.0
+        pending = list(reqs)
+        while pending and time.monotonic() < deadline:
+            done = set(self.net.test_some(pending))
+            pending = [r for i, r in enumerate(pending) if i not in done]
+            time.sleep(1e-3)
+        self.net.abandon(pending)
+
+    def _abandon_transfers(self) -> None:
+        self.net.cancel(self.recvs_active)
+        self.net.abandon(self.sends_active)
+        self.recvs_active, self.sends_active = [], []

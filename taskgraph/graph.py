@@ -1,0 +1,455 @@
+"""Task graphs as data, built by ordinary Python.
+
+Two ways to add tasks, one graph:
+
+* **Sequential task flow.** Inside ``with tg.Graph() as g:``, calling a kernel on
+  marked tiles (``gemm(A[m, k].r, A[n, k].r, A[m, n].rw)``) records a task. The graph
+  keeps, for every piece of data, its last writer and the readers since then, and
+  infers the edges a sequential run implies::
+
+      read  after write  (RAW): the reader waits for the last writer
+      write after read   (WAR): the writer waits for every reader since the last write
+      write after write  (WAW): the writer waits for the last writer (if no reader between)
+
+  Readers of the same version get no edges between them.
+
+* **Futures.** ``@tg.task`` functions called inside a graph return a :class:`Future`;
+  passing it to another call adds a read of its value.
+
+Every task records which *versions* of data it reads and overwrites: a version is
+(data, producing task), with producer -1 for the data as it was before the run. The
+planner turns these into messages between ranks.
+
+The graph is checked as it is built (marks, shapes, dtypes, tile ranges) and before
+it runs (cycles through explicit dependencies), and every error names the tasks.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .access import Access, Mode
+from .errors import GraphError
+
+INITIAL = -1  # producer of the data as it is before the run
+
+
+class Ref:
+    """A task argument that refers to data: a tile or another task's value."""
+
+    __slots__ = ("data", "mode")
+
+    def __init__(self, data: int, mode: Mode):
+        self.data = data
+        self.mode = mode
+
+
+@dataclass(slots=True)
+class Data:
+    """One piece of data a graph touches: a tile of a matrix, or a task's value."""
+
+    key: tuple
+    tile: object | None = None  # the Tile, for tiles
+    producer: int = INITIAL  # the task, for values
+
+    @property
+    def is_tile(self) -> bool:
+        return self.tile is not None
+
+    @property
+    def nbytes(self) -> int:
+        if self.tile is None:
+            return 64  # values are small unless proven otherwise
+        r, c = self.tile.shape
+        return r * c * self.tile.dtype.itemsize
+
+    def label(self) -> str:
+        return repr(self.tile) if self.tile is not None else f"value of task {self.producer}"
+
+
+class Task:
+    """One call: a function, its arguments, and the versions of data it reads and writes."""
+
+    __slots__ = ("id", "fn", "args", "kwargs", "reads", "writes", "preds")
+
+    def __init__(self, tid, fn, args, kwargs, reads, writes, preds):
+        self.id = tid
+        self.fn = fn
+        self.args = args  # Ref for data, anything else is a constant
+        self.kwargs = kwargs
+        self.reads = reads  # ((data, producer), ...): versions read
+        self.writes = writes  # ((data, previous producer), ...): versions overwritten
+        self.preds = preds  # task ids this task waits for
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "name", None) or getattr(self.fn, "__name__", "task")
+
+
+class TaskRef:
+    """What a call inside a graph returns: a handle on the recorded task."""
+
+    __slots__ = ("graph", "id")
+
+    def __init__(self, graph: Graph, tid: int):
+        self.graph = graph
+        self.id = tid
+
+    def __repr__(self) -> str:
+        return f"<task {self.id}: {self.graph.label(self.id)}>"
+
+
+class Future(TaskRef):
+    """The value of a ``@tg.task`` call, available after the run."""
+
+    __slots__ = ()
+
+    def result(self):
+        return self.graph.result(self.id)
+
+    def done(self) -> bool:
+        return self.id in self.graph.results
+
+
+class TaskFunction:
+    """A plain Python function that records a task when called inside a graph."""
+
+    def __init__(self, fn: Callable, cost: float = 1.0):
+        self.fn = fn
+        self.name = fn.__name__
+        self.cost_value = cost
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        g = Graph.active()
+        if g is None:
+            return self.fn(*args, **kwargs)
+        return g.add_call(self, args, kwargs)
+
+    def cost(self, shapes) -> float:
+        return self.cost_value
+
+    def __repr__(self) -> str:
+        return f"<tg.task {self.name}>"
+
+
+def task(fn: Callable | None = None, *, cost: float = 1.0):
+    """Make a plain function a task: inside a graph, calls return :class:`Future` s."""
+    if fn is None:
+        return lambda f: TaskFunction(f, cost)
+    return TaskFunction(fn, cost)
+
+
+_stack = threading.local()
+
+
+class Graph:
+    """A task graph: tasks, the data they touch, and the edges between them."""
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.tasks: list[Task] = []
+        self.data: list[Data] = []
+        self._data_index: dict[tuple, int] = {}
+        self._last_writer: list[int] = []
+        self._readers: list[list[int]] = []
+        self._order: list[int] | None = None
+        self.results: dict[int, object] = {}
+        self.result_ranks: dict[int, int] = {}
+
+    # -- context -------------------------------------------------------------------
+
+    def __enter__(self) -> Graph:
+        if not hasattr(_stack, "graphs"):
+            _stack.graphs = []
+        _stack.graphs.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _stack.graphs.pop()
+
+    @staticmethod
+    def active() -> Graph | None:
+        graphs = getattr(_stack, "graphs", None)
+        return graphs[-1] if graphs else None
+
+    @staticmethod
+    def current(what: str) -> Graph:
+        g = Graph.active()
+        if g is None:
+            raise GraphError(f"{what}() was called on tiles outside `with tg.Graph():`")
+        return g
+
+    # -- recording -----------------------------------------------------------------
+
+    def _data_id(self, key: tuple, tile=None, producer: int = INITIAL) -> int:
+        d = self._data_index.get(key)
+        if d is None:
+            d = len(self.data)
+            self._data_index[key] = d
+            self.data.append(Data(key, tile, producer))
+            self._last_writer.append(INITIAL)
+            self._readers.append([])
+        return d
+
+    def add_kernel_task(self, kernel, args) -> TaskRef:
+        """Record ``kernel(*args)``; every argument must be a marked tile."""
+        accesses = []
+        for i, a in enumerate(args):
+            if not isinstance(a, Access):
+                what = f"tile {a!r}" if hasattr(a, "matrix") else repr(a)
+                raise GraphError(
+                    f"{kernel.name}: argument {i + 1} ({what}) must be a marked tile: "
+                    "write A[i, j].r, .w or .rw"
+                )
+            accesses.append(a)
+        label = f"{kernel.name}({', '.join(repr(a.tile) for a in accesses)})"
+        problem = kernel.check(
+            [a.mode for a in accesses], [a.tile.shape for a in accesses],
+            [a.tile.dtype for a in accesses],
+        )
+        if problem:
+            raise GraphError(f"task {label}: {problem}")
+        refs = tuple(Ref(self._data_id(a.tile.key, a.tile), a.mode) for a in accesses)
+        return self._record(kernel, refs, None, label)
+
+    def add_call(self, fn: TaskFunction, args, kwargs) -> Future:
+        """Record a call of a ``@tg.task`` function; returns its future."""
+        enc_args = tuple(self._encode(a) for a in args)
+        enc_kwargs = {k: self._encode(v) for k, v in kwargs.items()} or None
+        tid = len(self.tasks)
+        self._record(fn, enc_args, enc_kwargs, fn.name)
+        # the value this task returns is data too, written by it
+        d = self._data_id(("value", tid), producer=tid)
+        self.tasks[tid].writes = self.tasks[tid].writes + ((d, INITIAL),)
+        self._last_writer[d] = tid
+        return Future(self, tid)
+
+    def _encode(self, a):
+        if isinstance(a, Future):
+            if a.graph is not self:
+                raise GraphError(f"{a!r} belongs to graph {a.graph.name!r}, not {self.name!r}")
+            return Ref(self._data_id(("value", a.id)), Mode.R)
+        if isinstance(a, Access):
+            return Ref(self._data_id(a.tile.key, a.tile), a.mode)
+        if hasattr(a, "matrix") and hasattr(a, "key"):  # a bare tile: read it
+            return Ref(self._data_id(a.key, a), Mode.R)
+        return a
+
+    def _record(self, fn, args, kwargs, label: str) -> TaskRef:
+        tid = len(self.tasks)
+        refs = [a for a in args if isinstance(a, Ref)]
+        if kwargs:
+            refs += [v for v in kwargs.values() if isinstance(v, Ref)]
+        modes: dict[int, Mode] = {}
+        for r in refs:
+            if r.data in modes and (r.mode.writes or modes[r.data].writes):
+                raise GraphError(
+                    f"task {label}: {self.data[r.data].label()} is both written and used "
+                    "again by the same task"
+                )
+            modes[r.data] = modes.get(r.data, Mode(0)) | r.mode
+        preds: set[int] = set()
+        reads, writes = [], []
+        for d, mode in modes.items():
+            last = self._last_writer[d]
+            if mode.reads:
+                reads.append((d, last))
+                if last != INITIAL:
+                    preds.add(last)  # RAW
+            if mode.writes:
+                readers = self._readers[d]
+                preds.update(readers)  # WAR
+                if not readers and last != INITIAL:
+                    preds.add(last)  # WAW
+                writes.append((d, last))
+        preds.discard(tid)
+        for d, mode in modes.items():
+            if mode.writes:
+                self._last_writer[d] = tid
+                self._readers[d] = []
+            else:
+                self._readers[d].append(tid)
+        self.tasks.append(Task(tid, fn, args, kwargs, tuple(reads), tuple(writes), sorted(preds)))
+        self._order = None
+        return TaskRef(self, tid)
+
+    def add_dependency(self, before: TaskRef | int, after: TaskRef | int) -> None:
+        """An explicit edge: ``after`` waits for ``before``."""
+        b = before.id if isinstance(before, TaskRef) else int(before)
+        a = after.id if isinstance(after, TaskRef) else int(after)
+        for t in (a, b):
+            if not 0 <= t < len(self.tasks):
+                raise GraphError(f"graph {self.name!r} has no task {t}")
+        if b == a:
+            raise GraphError(f"task {self.label(a)} cannot depend on itself")
+        if b not in self.tasks[a].preds:
+            self.tasks[a].preds.append(b)
+            self._order = None
+
+    # -- inspection ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def ntasks(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def nedges(self) -> int:
+        return sum(len(t.preds) for t in self.tasks)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name!r}: {self.ntasks} tasks, {self.nedges} edges>"
+
+    def label(self, tid: int) -> str:
+        """A readable name: ``potrf(A[2,2])`` or ``simulate#7(3, <value of task 2>)``."""
+        t = self.tasks[tid]
+        if t.kwargs is None and all(isinstance(a, Ref) for a in t.args) and t.args:
+            if all(self.data[a.data].is_tile for a in t.args):
+                return f"{t.name}({', '.join(self.data[a.data].label() for a in t.args)})"
+        parts = [self._arg_label(a) for a in t.args]
+        parts += [f"{k}={self._arg_label(v)}" for k, v in (t.kwargs or {}).items()]
+        return f"{t.name}#{tid}({', '.join(parts)})"
+
+    def _arg_label(self, a) -> str:
+        if isinstance(a, Ref):
+            d = self.data[a.data]
+            return repr(d.tile) if d.is_tile else f"<task {d.producer}>"
+        text = repr(a)
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    def successors(self) -> list[list[int]]:
+        succ: list[list[int]] = [[] for _ in self.tasks]
+        for t in self.tasks:
+            for p in t.preds:
+                succ[p].append(t.id)
+        return succ
+
+    def order(self) -> list[int]:
+        """A topological order of the tasks; raises GraphError naming a cycle."""
+        if self._order is not None:
+            return self._order
+        if all(p < t.id for t in self.tasks for p in t.preds):
+            self._order = list(range(len(self.tasks)))
+            return self._order
+        indeg = [len(t.preds) for t in self.tasks]
+        succ = self.successors()
+        ready = [t for t, n in enumerate(indeg) if n == 0]
+        order = []
+        while ready:
+            t = ready.pop()
+            order.append(t)
+            for s in succ[t]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    ready.append(s)
+        if len(order) < len(self.tasks):
+            raise GraphError(self._cycle_message({t for t, n in enumerate(indeg) if n > 0}))
+        self._order = order
+        return order
+
+    def _cycle_message(self, stuck: set[int]) -> str:
+        import networkx as nx
+
+        sub = nx.DiGraph()
+        sub.add_edges_from((p, t) for t in stuck for p in self.tasks[t].preds if p in stuck)
+        cycle = [u for u, _ in nx.find_cycle(sub)]
+        names = " -> ".join(self.label(t) for t in cycle + cycle[:1])
+        return f"graph {self.name!r} has a cycle: {names}"
+
+    def check(self) -> None:
+        """Raise GraphError if the graph cannot run (today: a cycle)."""
+        self.order()
+
+    def costs(self) -> list[float]:
+        """The cost (flops, or the declared cost) of every task."""
+        out = []
+        for t in self.tasks:
+            shapes = [self.data[a.data].tile.shape for a in t.args
+                      if isinstance(a, Ref) and self.data[a.data].is_tile]
+            out.append(t.fn.cost(shapes))
+        return out
+
+    def bottom_levels(self, costs: list[float] | None = None) -> list[float]:
+        """Cost of the heaviest path from each task to the end of the graph."""
+        costs = costs if costs is not None else self.costs()
+        succ = self.successors()
+        level = [0.0] * len(self.tasks)
+        for t in reversed(self.order()):
+            level[t] = costs[t] + max((level[s] for s in succ[t]), default=0.0)
+        return level
+
+    def critical_path(self) -> tuple[float, list[int]]:
+        """(length, tasks) of the heaviest path through the graph, by task cost."""
+        if not self.tasks:
+            return 0.0, []
+        level = self.bottom_levels()
+        succ = self.successors()
+        t = max((t for t in range(len(self.tasks)) if not self.tasks[t].preds),
+                key=lambda t: (level[t], -t))
+        path = [t]
+        while succ[t]:
+            t = max(succ[t], key=lambda s: (level[s], -s))
+            path.append(t)
+        return level[path[0]], path
+
+    @property
+    def critical_path_length(self) -> float:
+        return self.critical_path()[0]
+
+    def to_networkx(self):
+        """A ``networkx.DiGraph``: nodes are task ids with ``name``, ``label``, ``cost``."""
+        import networkx as nx
+
+        g = nx.DiGraph(name=self.name)
+        costs = self.costs()
+        for t in self.tasks:
+            g.add_node(t.id, name=t.name, label=self.label(t.id), cost=costs[t.id])
+        g.add_edges_from((p, t.id) for t in self.tasks for p in t.preds)
+        return g
+
+    def kernels_used(self) -> list:
+        """Every distinct function (kernel or task function) in the graph."""
+        seen: dict[int, object] = {}
+        for t in self.tasks:
+            seen.setdefault(id(t.fn), t.fn)
+        return list(seen.values())
+
+    def dtypes_used(self) -> set[np.dtype]:
+        return {d.tile.dtype for d in self.data if d.is_tile}
+
+    def matrices(self) -> list:
+        seen: dict[int, object] = {}
+        for d in self.data:
+            if d.is_tile:
+                seen.setdefault(d.tile.matrix.uid, d.tile.matrix)
+        return list(seen.values())
+
+    # -- results -------------------------------------------------------------------
+
+    def result(self, tid: int):
+        if tid in self.results:
+            return self.results[tid]
+        if tid in self.result_ranks:
+            raise GraphError(
+                f"the value of task {self.label(tid)} lives on rank {self.result_ranks[tid]}; "
+                "only values of tasks that no other task uses are shared with every rank"
+            )
+        raise GraphError(f"task {self.label(tid)} has not run yet: run the graph first")
+
+
+def iter_refs(task: Task) -> Iterable[Ref]:
+    for a in task.args:
+        if isinstance(a, Ref):
+            yield a
+    if task.kwargs:
+        for v in task.kwargs.values():
+            if isinstance(v, Ref):
+                yield v

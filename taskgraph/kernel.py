@@ -1,0 +1,152 @@
+"""Tile kernels: functions on tiles that a graph can record as tasks.
+
+A kernel is a plain function on NumPy arrays (usually a numba ``njit(nogil=True)``
+function behind a thin wrapper) together with a declaration of how it uses each
+argument::
+
+    @tg.kernel(modes="r,rw", dims="mk,mk", flops=lambda m, k: 2 * m * k)
+    def axpy(x, y):
+        y += 2.0 * x
+
+``modes`` says which arguments are read, written or both; the marks at a call site
+(``A[i, j].rw``) must agree with it. ``dims`` names each argument's dimensions with
+one letter per axis: equal letters must have equal sizes, which the graph checks
+when the task is recorded. ``dtypes`` lists the allowed dtypes (all tile arguments
+share one). ``flops`` gives the cost used for priorities and GFLOP/s.
+
+Called on NumPy arrays outside a graph, a kernel simply runs. Called on tile
+accesses inside ``with tg.Graph():``, it records a task.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .access import Access, Mode, parse_modes
+
+
+class Kernel:
+    """A tile function with declared access modes, shapes, dtypes and cost."""
+
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        modes: str | Sequence,
+        name: str | None = None,
+        dims: str | Sequence[str] | None = None,
+        dtypes: Sequence | None = None,
+        flops: Callable[..., float] | None = None,
+        compile: Callable[[np.dtype], None] | None = None,
+    ):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "kernel")
+        self.modes = parse_modes(modes)
+        if isinstance(dims, str):
+            dims = tuple(d.strip() for d in dims.split(","))
+        self.dims = tuple(dims) if dims is not None else None
+        if self.dims is not None and len(self.dims) != len(self.modes):
+            raise ValueError(
+                f"kernel {self.name}: {len(self.modes)} modes but {len(self.dims)} dims"
+            )
+        self.dtypes = tuple(np.dtype(d) for d in dtypes) if dtypes else None
+        self.flops_fn = flops
+        self._compile = compile
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__name__ = self.name
+
+    def __repr__(self) -> str:
+        marks = ",".join(m.mark for m in self.modes)
+        return f"<kernel {self.name}({marks})>"
+
+    def __call__(self, *args):
+        from .graph import Graph  # the graph module records tasks; kernels only declare
+
+        if any(isinstance(a, Access) or hasattr(a, "matrix") for a in args):
+            return Graph.current(self.name).add_kernel_task(self, args)
+        return self.fn(*args)
+
+    # -- pure checks, used when a task is recorded -------------------------------------
+
+    def check(self, modes: Sequence[Mode], shapes: Sequence[tuple], dtypes: Sequence) -> str:
+        """Return "" if the arguments fit the declaration, else what is wrong."""
+        if len(modes) != len(self.modes):
+            return f"{self.name} takes {len(self.modes)} tiles, got {len(modes)}"
+        for i, (given, declared) in enumerate(zip(modes, self.modes)):
+            if given != declared:
+                verb = {Mode.R: "reads", Mode.W: "writes", Mode.RW: "reads and writes"}[declared]
+                return (
+                    f"argument {i + 1} is marked .{given.mark} but {self.name} {verb} it: "
+                    f"mark it .{declared.mark}"
+                )
+        kinds = {np.dtype(d) for d in dtypes}
+        if len(kinds) > 1:
+            names = ", ".join(str(np.dtype(d)) for d in dtypes)
+            return f"{self.name} needs tiles of one dtype, got {names}"
+        if self.dtypes and kinds and next(iter(kinds)) not in self.dtypes:
+            allowed = " or ".join(str(d) for d in self.dtypes)
+            return f"{self.name} works on {allowed}, not {next(iter(kinds))}"
+        if self.dims is not None:
+            return _check_dims(self.name, self.dims, shapes)
+        return ""
+
+    def sizes(self, shapes: Sequence[tuple]) -> dict[str, int]:
+        """The size of every named dimension, e.g. ``{"m": 512, "k": 256}``."""
+        out: dict[str, int] = {}
+        for spec, shape in zip(self.dims or (), shapes):
+            for letter, size in zip(spec, shape):
+                out.setdefault(letter, size)
+        return out
+
+    def cost(self, shapes: Sequence[tuple]) -> float:
+        """Floating-point operations of one call (1.0 when undeclared)."""
+        if self.flops_fn is None:
+            return 1.0
+        return float(self.flops_fn(**self.sizes(shapes)))
+
+    def compile(self, dtypes: Sequence = (np.float64,)) -> float:
+        """Compile the kernel for these dtypes now; return the seconds it took."""
+        t0 = time.perf_counter()
+        if self._compile is not None:
+            for dt in dtypes:
+                self._compile(np.dtype(dt))
+        return time.perf_counter() - t0
+
+
+def _check_dims(name: str, dims: Sequence[str], shapes: Sequence[tuple]) -> str:
+    sizes: dict[str, tuple[int, int]] = {}
+    for i, (spec, shape) in enumerate(zip(dims, shapes)):
+        if len(spec) != len(shape):
+            return f"argument {i + 1} of {name} must have {len(spec)} dimensions, has shape {shape}"
+        for letter, size in zip(spec, shape):
+            if letter in sizes and sizes[letter][0] != size:
+                first_size, first_arg = sizes[letter]
+                return (
+                    f"argument {i + 1} of {name} has shape {shape} but dimension '{letter}' is "
+                    f"{first_size} from argument {first_arg}"
+                )
+            sizes.setdefault(letter, (size, i + 1))
+    return ""
+
+
+def kernel(
+    fn: Callable | None = None,
+    *,
+    modes: str | Sequence,
+    name: str | None = None,
+    dims: str | Sequence[str] | None = None,
+    dtypes: Sequence | None = None,
+    flops: Callable[..., float] | None = None,
+    compile: Callable[[np.dtype], None] | None = None,
+):
+    """Declare a tile kernel; usable as ``@kernel(modes=...)`` or ``kernel(fn, modes=...)``."""
+
+    def wrap(f: Callable) -> Kernel:
+        return Kernel(
+            f, modes=modes, name=name, dims=dims, dtypes=dtypes, flops=flops, compile=compile
+        )
+
+    return wrap(fn) if fn is not None else wrap

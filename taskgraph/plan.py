@@ -1,0 +1,230 @@
+"""Planning: a pure function from (graph, number of ranks) to one plan per rank.
+
+No MPI, no clock: the same graph and rank count always give the same plan, the same
+tags and so the same numbers. Every rank computes the plan itself (or receives it),
+so a receiver knows the source, tag, shape and dtype of every message in advance and
+can post its receive into a buffer of the right size; no control messages are needed.
+
+What the plan decides:
+
+placement   tasks that write a tile run on its owner (owner computes); other tasks
+            follow their inputs (:mod:`taskgraph.placement`).
+priority    the task's bottom level: the heaviest (by flops) path from it to the end
+            of the graph, so the critical path runs first.
+messages    for every version of data read on a rank other than where it was made,
+            one message from the holder to that rank, however many tasks read it::
+
+               producer (rank a) --tile/value, tag--> consumers (rank b)
+
+            A writer that overwrites a tile whose old version is being sent elsewhere
+            waits for those sends to complete (its cross-rank write-after-read edges).
+            Any other edge between ranks (an explicit dependency) becomes a 0-byte
+            signal message.
+tags        per (source, destination) pair, numbered from 1 in plan order; tag 0 is
+            kept for the runtime's own control messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import PlanError
+from .graph import INITIAL, Graph
+from .placement import pick_rank
+
+CONTROL_TAG = 0
+
+
+@dataclass(slots=True)
+class Message:
+    """One planned transfer of one version of data between two ranks."""
+
+    src: int
+    dst: int
+    kind: str  # "tile", "value" or "signal"
+    data: int  # data id (the producing task for signals)
+    producer: int  # task whose output this is, INITIAL for data before the run
+    nbytes: int = 0
+    shape: tuple | None = None
+    dtype: str | None = None
+    tag: int = 0
+    consumers: list[int] = field(default_factory=list)  # tasks on dst waiting for it
+    release: list[int] = field(default_factory=list)  # tasks on src waiting for the send
+
+
+@dataclass
+class RankPlan:
+    """What one rank does: its tasks, their counters, and its messages."""
+
+    rank: int
+    size: int
+    tasks: list[int]  # this rank's tasks, in topological order
+    priority: dict[int, float]
+    waits: dict[int, int]  # events each task waits for before it is ready
+    successors: dict[int, list[int]]  # local tasks to notify when a task ends
+    sends: dict[int, list[Message]]  # by producing task; INITIAL: sent at the start
+    recvs: list[Message]  # incoming messages, in the order they are likely needed
+    results: list[int]  # tasks whose values every rank gets at the end
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    nranks: int
+    placement: list[int]
+    priority: list[float]
+    messages: list[Message]
+
+    def for_rank(self, rank: int) -> RankPlan:
+        return rank_plan(self, rank)
+
+    def tasks_per_rank(self) -> list[int]:
+        counts = [0] * self.nranks
+        for r in self.placement:
+            counts[r] += 1
+        return counts
+
+    def traffic(self) -> np.ndarray:
+        """Bytes planned from each rank (row) to each rank (column)."""
+        m = np.zeros((self.nranks, self.nranks), np.int64)
+        for msg in self.messages:
+            m[msg.src, msg.dst] += msg.nbytes
+        return m
+
+
+def make_plan(graph: Graph, nranks: int) -> Plan:
+    """Place, prioritise and list the messages of ``graph`` on ``nranks`` ranks."""
+    graph.check()  # a cycle raises here, naming its tasks
+    _check_matrices(graph, nranks)
+    placement = place(graph, nranks)
+    priority = graph.bottom_levels()
+    messages = plan_messages(graph, placement)
+    assign_tags(messages)
+    return Plan(graph, nranks, placement, priority, messages)
+
+
+def _check_matrices(graph: Graph, nranks: int) -> None:
+    for m in graph.matrices():
+        if m.nranks != nranks:
+            raise PlanError(
+                f"matrix {m.name} is distributed over {m.nranks} ranks, "
+                f"but the run has {nranks}"
+            )
+
+
+def place(graph: Graph, nranks: int) -> list[int]:
+    """Owner computes for tile writers; the others follow their inputs, in task order."""
+    placement = [0] * len(graph.tasks)
+    load = [0.0] * nranks
+    data = graph.data
+    for t in graph.tasks:
+        owners = {data[d].tile.owner for d, _ in t.writes if data[d].is_tile}
+        if len(owners) > 1:
+            raise PlanError(
+                f"task {graph.label(t.id)} writes tiles owned by ranks "
+                f"{sorted(owners)}; owner-computes needs one owner per task: "
+                "choose a grid where these tiles share a rank, or split the task"
+            )
+        if owners:
+            rank = owners.pop()
+        else:
+            where: dict[int, float] = {}
+            for d, prod in t.reads:
+                r = placement[prod] if prod != INITIAL else data[d].tile.owner
+                where[r] = where.get(r, 0.0) + data[d].nbytes
+            rank = pick_rank(where, load)
+        load[rank] += 1.0
+        placement[t.id] = rank
+    return placement
+
+
+def _holder(graph: Graph, placement: list[int], d: int, prod: int) -> int:
+    return placement[prod] if prod != INITIAL else graph.data[d].tile.owner
+
+
+def plan_messages(graph: Graph, placement: list[int]) -> list[Message]:
+    """Every cross-rank transfer the graph needs, in a deterministic order."""
+    messages: list[Message] = []
+    by_key: dict[tuple, Message] = {}
+    by_version: dict[tuple[int, int], list[Message]] = {}
+    for t in graph.tasks:
+        rank = placement[t.id]
+        covered: set[int] = set()
+        for d, prod in t.reads:
+            src = _holder(graph, placement, d, prod)
+            if prod != INITIAL:
+                covered.add(prod)
+            if src == rank:
+                continue
+            key = (d, prod, rank)
+            msg = by_key.get(key)
+            if msg is None:
+                msg = _data_message(graph, src, rank, d, prod)
+                by_key[key] = msg
+                by_version.setdefault((d, prod), []).append(msg)
+                messages.append(msg)
+            msg.consumers.append(t.id)
+        for d, prev in t.writes:
+            for msg in by_version.get((d, prev), ()):
+                if msg.src == rank:  # the old version leaves from the buffer t overwrites
+                    msg.release.append(t.id)
+                    covered.update(msg.consumers)
+        for p in t.preds:
+            if placement[p] == rank or p in covered:
+                continue
+            key = ("signal", p, rank)
+            msg = by_key.get(key)
+            if msg is None:
+                msg = Message(placement[p], rank, "signal", p, p)
+                by_key[key] = msg
+                messages.append(msg)
+            if t.id not in msg.consumers:
+                msg.consumers.append(t.id)
+    return messages
+
+
+def _data_message(graph: Graph, src: int, dst: int, d: int, prod: int) -> Message:
+    item = graph.data[d]
+    if item.is_tile:
+        tile = item.tile
+        return Message(src, dst, "tile", d, prod, item.nbytes, tile.shape, tile.dtype.str)
+    return Message(src, dst, "value", d, prod, item.nbytes)
+
+
+def assign_tags(messages: list[Message]) -> None:
+    """Number the messages of each (source, destination) pair 1, 2, 3, ... in order."""
+    seq: dict[tuple[int, int], int] = {}
+    for msg in messages:
+        pair = (msg.src, msg.dst)
+        seq[pair] = seq.get(pair, 0) + 1
+        msg.tag = seq[pair]
+
+
+def rank_plan(plan: Plan, rank: int) -> RankPlan:
+    """Extract what ``rank`` needs from the global plan."""
+    graph, placement = plan.graph, plan.placement
+    tasks = [t for t in graph.order() if placement[t] == rank]
+    waits = {t: 0 for t in tasks}
+    successors: dict[int, list[int]] = {t: [] for t in tasks}
+    for t in tasks:
+        for p in graph.tasks[t].preds:
+            if placement[p] == rank:
+                waits[t] += 1
+                successors[p].append(t)
+    sends: dict[int, list[Message]] = {}
+    recvs: list[Message] = []
+    for msg in plan.messages:
+        if msg.src == rank:
+            sends.setdefault(msg.producer, []).append(msg)
+            for t in msg.release:
+                waits[t] += 1
+        if msg.dst == rank:
+            recvs.append(msg)
+            for t in set(msg.consumers):
+                waits[t] += 1
+    used = {p for t in graph.tasks for p in t.preds}
+    results = [t.id for t in graph.tasks if t.id not in used and not hasattr(t.fn, "modes")]
+    priority = {t: plan.priority[t] for t in tasks}
+    return RankPlan(rank, plan.nranks, tasks, priority, waits, successors, sends, recvs, results)

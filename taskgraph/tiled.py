@@ -1,0 +1,245 @@
+"""Tiled matrices distributed over ranks.
+
+A :class:`TiledMatrix` is an m x n matrix cut into tiles of ``tile x tile`` (smaller at
+the bottom and right edges). Each tile has one owner rank on a P x Q grid
+(2-D block-cyclic, see :mod:`taskgraph.placement`), and each rank stores only the
+tiles it owns, as Fortran-ordered arrays that BLAS and LAPACK use in place. Tiles are
+allocated once, when the matrix is made, and every task that writes a tile writes it
+in place on its owner.
+
+``A[i, j]`` is a :class:`Tile` handle; ``A[i, j].r``, ``.w`` and ``.rw`` are the access
+marks a graph records. A matrix made with ``lower=True`` stores only the tiles on and
+below the diagonal (what a Cholesky factorisation touches).
+
+Constructors build tiles on the rank that owns them, from a seed, so no rank ever
+holds the whole matrix: ``random_spd``, ``zeros``, ``from_function``, ``from_numpy``.
+``gather()`` assembles the whole matrix on one rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from .access import Access, Mode
+from .errors import GraphError
+from .placement import block_cyclic_owner, grid_shape
+
+_uids = itertools.count()
+
+
+class Tile:
+    """Handle on tile (i, j) of a matrix; ``.r``, ``.w``, ``.rw`` mark how a task uses it."""
+
+    __slots__ = ("matrix", "i", "j")
+
+    def __init__(self, matrix: TiledMatrix, i: int, j: int):
+        self.matrix = matrix
+        self.i = i
+        self.j = j
+
+    @property
+    def r(self) -> Access:
+        return Access(self, Mode.R)
+
+    @property
+    def w(self) -> Access:
+        return Access(self, Mode.W)
+
+    @property
+    def rw(self) -> Access:
+        return Access(self, Mode.RW)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.matrix.uid, self.i, self.j)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.matrix.tile_shape(self.i, self.j)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.matrix.dtype
+
+    @property
+    def owner(self) -> int:
+        return self.matrix.owner(self.i, self.j)
+
+    def __repr__(self) -> str:
+        return f"{self.matrix.name}[{self.i},{self.j}]"
+
+
+class TiledMatrix:
+    """A matrix of tiles, each stored on its owner rank."""
+
+    def __init__(
+        self,
+        shape: tuple[int, int] | int,
+        tile: int,
+        dtype=np.float64,
+        *,
+        grid: tuple[int, int] | None = None,
+        lower: bool = False,
+        name: str | None = None,
+        cluster=None,
+    ):
+        from .cluster import current_cluster
+
+        m, n = (shape, shape) if isinstance(shape, int) else shape
+        if m < 1 or n < 1 or tile < 1:
+            raise ValueError(f"matrix shape ({m}, {n}) and tile {tile} must be positive")
+        if lower and m != n:
+            raise ValueError("a lower-triangular matrix must be square")
+        self.dtype = np.dtype(dtype)
+        if self.dtype.kind not in "fc":
+            raise ValueError(f"tiled matrices hold floating-point numbers, not {self.dtype}")
+        self.cluster = cluster if cluster is not None else current_cluster()
+        self.nranks = self.cluster.size
+        self.rank = self.cluster.rank
+        self.grid = tuple(grid) if grid is not None else grid_shape(self.nranks)
+        if self.grid[0] * self.grid[1] != self.nranks:
+            raise ValueError(f"grid {self.grid} does not cover {self.nranks} ranks")
+        self.shape = (m, n)
+        self.tile = tile
+        self.lower = lower
+        self.uid = next(_uids)
+        self.name = name or f"M{self.uid}"
+        self.mt = -(-m // tile)
+        self.nt = -(-n // tile)
+        self.tiles: dict[tuple[int, int], np.ndarray] = {}
+        for i, j in self.indices():
+            if self.owner(i, j) == self.rank:
+                self.tiles[i, j] = np.empty(self.tile_shape(i, j), self.dtype, order="F")
+
+    # -- geometry ------------------------------------------------------------------
+
+    def indices(self) -> Iterator[tuple[int, int]]:
+        """Every stored tile index, column by column."""
+        for j in range(self.nt):
+            for i in range(j if self.lower else 0, self.mt):
+                yield i, j
+
+    def tile_shape(self, i: int, j: int) -> tuple[int, int]:
+        m, n = self.shape
+        return (min(self.tile, m - i * self.tile), min(self.tile, n - j * self.tile))
+
+    def owner(self, i: int, j: int) -> int:
+        return block_cyclic_owner(i, j, self.grid)
+
+    def __getitem__(self, ij) -> Tile:
+        try:
+            i, j = ij
+            i, j = int(i), int(j)
+        except (TypeError, ValueError):
+            raise GraphError(f"index tiles of {self.name} as {self.name}[i, j], not {ij!r}") from None
+        if not (0 <= i < self.mt and 0 <= j < self.nt):
+            raise GraphError(
+                f"tile {self.name}[{i},{j}] is out of range: {self.name} has "
+                f"{self.mt} x {self.nt} tiles"
+            )
+        if self.lower and i < j:
+            raise GraphError(
+                f"tile {self.name}[{i},{j}] is above the diagonal, and {self.name} stores "
+                "only the lower triangle"
+            )
+        return Tile(self, i, j)
+
+    def __repr__(self) -> str:
+        m, n = self.shape
+        kind = "lower " if self.lower else ""
+        return (
+            f"<TiledMatrix {self.name}: {kind}{m}x{n} {self.dtype}, tile {self.tile} "
+            f"({self.mt}x{self.nt} tiles), grid {self.grid[0]}x{self.grid[1]}>"
+        )
+
+    def local(self, i: int, j: int) -> np.ndarray:
+        """The array of a tile this rank owns."""
+        try:
+            return self.tiles[i, j]
+        except KeyError:
+            raise KeyError(
+                f"tile {self.name}[{i},{j}] lives on rank {self.owner(i, j)}, not {self.rank}"
+            ) from None
+
+    # -- constructors ---------------------------------------------------------------
+
+    @classmethod
+    def from_function(cls, shape, tile, fn: Callable, dtype=np.float64, **kw) -> TiledMatrix:
+        """Each owner fills its tiles with ``fn(i, j, tile_shape)``."""
+        a = cls(shape, tile, dtype, **kw)
+        for (i, j), t in a.tiles.items():
+            t[...] = fn(i, j, t.shape)
+        return a
+
+    @classmethod
+    def zeros(cls, shape, tile, dtype=np.float64, **kw) -> TiledMatrix:
+        return cls.from_function(shape, tile, lambda i, j, s: 0.0, dtype, **kw)
+
+    @classmethod
+    def random_spd(cls, n: int, tile: int, dtype=np.float64, *, seed: int = 0, **kw):
+        """A random symmetric positive definite n x n matrix (lower tiles stored).
+
+        Entries off the diagonal are uniform in [0, 1), and n is added to the diagonal,
+        so the matrix is strictly diagonally dominant. Every tile is generated from
+        ``(seed, i, j)`` alone: any rank count gives the same matrix.
+        """
+        kw.setdefault("lower", True)
+        kw.setdefault("name", "A")
+        return cls.from_function(
+            n, tile, lambda i, j, s: spd_tile(seed, i, j, s, n, dtype), dtype, **kw
+        )
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray, tile: int, **kw) -> TiledMatrix:
+        """Cut a NumPy array (present on every rank) into tiles owned by their ranks."""
+        array = np.asarray(array)
+        a = cls(array.shape, tile, array.dtype, **kw)
+        for (i, j), t in a.tiles.items():
+            t[...] = array[i * tile : i * tile + t.shape[0], j * tile : j * tile + t.shape[1]]
+        return a
+
+    # -- results --------------------------------------------------------------------
+
+    def gather(self, root: int | None = 0) -> np.ndarray | None:
+        """The whole matrix as one array on ``root`` (on every rank if root is None).
+
+        Tiles not stored (above the diagonal of a lower matrix) are zero. Collective:
+        every rank of the matrix must call it.
+        """
+        out = None
+        if root is None or self.rank == root:
+            out = np.zeros(self.shape, self.dtype, order="F")
+        self.cluster.gather_tiles(self, out, root)
+        return out
+
+    def to_numpy(self) -> np.ndarray:
+        """The whole matrix on every rank (collective)."""
+        return self.gather(root=None)
+
+
+def spd_tile(seed: int, i: int, j: int, shape, n: int, dtype) -> np.ndarray:
+    """Tile (i, j) of the random SPD matrix of :meth:`TiledMatrix.random_spd`."""
+    if i < j:
+        return spd_tile(seed, j, i, shape[::-1], n, dtype).T
+    rng = np.random.default_rng((seed, i, j))
+    t = rng.random(shape, dtype=np.dtype(dtype) if np.dtype(dtype) == np.float32 else np.float64)
+    if i == j:
+        t = (t + t.T) / 2
+        t[np.diag_indices_from(t)] += n
+    return t.astype(dtype, copy=False)
+
+
+def spd_dense(n: int, tile: int, dtype=np.float64, seed: int = 0) -> np.ndarray:
+    """The full random SPD matrix, built on one process (for checking results)."""
+    a = np.empty((n, n), dtype, order="F")
+    nt = -(-n // tile)
+    for j in range(nt):
+        for i in range(nt):
+            rows = slice(i * tile, min(n, (i + 1) * tile))
+            cols = slice(j * tile, min(n, (j + 1) * tile))
+            shape = (rows.stop - rows.start, cols.stop - cols.start)
+            a[rows, cols] = spd_tile(seed, i, j, shape, n, dtype)
+    return a
