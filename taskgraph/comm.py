@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import pickle
 import socket
+import time
 
 import numpy as np
 
@@ -171,9 +172,10 @@ class World:
     def network(self) -> Network:
         return MPINetwork(self.comm) if self.comm is not None else Network()
 
-    def barrier(self) -> None:
+    def barrier(self, poll_max: float = 1e-3) -> None:
+        """A barrier that sleeps while it waits (MPI_Barrier would spin on a core)."""
         if self.comm is not None:
-            self.comm.Barrier()
+            wait_sleeping(self.comm.Ibarrier(), poll_max)
 
     def bcast(self, obj, root: int = 0):
         return self.comm.bcast(obj, root) if self.comm is not None else obj
@@ -210,6 +212,14 @@ class World:
                     buf = scratch[shape] = np.empty(shape, matrix.dtype, order="F")
                 comm.Recv(buf, owner, tag)
                 out[i * t : i * t + shape[0], j * t : j * t + shape[1]] = buf
+
+
+def wait_sleeping(request, poll_max: float = 1e-3) -> None:
+    """Wait for an MPI request, sleeping between tests (doubling, up to poll_max)."""
+    sleep = 1e-5
+    while not request.Test():
+        time.sleep(sleep)
+        sleep = min(poll_max, sleep * 2)
 
 
 @functools.lru_cache(maxsize=1)

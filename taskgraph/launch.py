@@ -1,0 +1,88 @@
+"""Starting ranks: build the ``mpiexec`` command line and run it with a hard bound.
+
+The command is a pure function of the launcher and the rank count, so it is tested
+without starting anything. :func:`run_ranks` starts the job in a process group of
+its own and, on a timeout or an interrupt, kills the whole group: no rank outlives
+the call.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from . import config
+
+
+@functools.lru_cache(maxsize=8)
+def launcher_flavour(mpiexec: str) -> str:
+    """``"openmpi"``, ``"mpich"`` or ``"other"``, from ``mpiexec --version``."""
+    try:
+        out = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "other"
+    text = out.lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text:
+        return "mpich"
+    return "other"
+
+
+def mpiexec_command(mpiexec: str, flavour: str, n: int, argv: Sequence[str],
+                    as_root: bool = False) -> list[str]:
+    """The command that starts ``argv`` on ``n`` local ranks."""
+    if n < 1:
+        raise ValueError(f"need at least one rank, got {n}")
+    cmd = [mpiexec, "-n", str(n)]
+    if flavour == "openmpi":
+        cmd.append("--oversubscribe")  # tests may start more ranks than cores
+        if as_root:
+            cmd.append("--allow-run-as-root")
+    return cmd + list(argv)
+
+
+def python_command(n: int, argv: Sequence[str]) -> list[str]:
+    """``mpiexec -n N <this python> argv...`` for the configured launcher."""
+    exe = config.mpiexec()
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    return mpiexec_command(exe, launcher_flavour(exe), n, [sys.executable, *argv], as_root)
+
+
+def run_ranks(n: int, argv: Sequence[str], *, timeout: float | None = None,
+              capture: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python argv`` on n ranks; kill every process of the job on timeout."""
+    cmd = python_command(n, argv)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # a timeout, or Ctrl-C: take the whole job down
+        kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group of ``proc``, then SIGKILL whatever is left of it."""
+    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.communicate(timeout=grace)
+        except (subprocess.TimeoutExpired, ValueError):
+            pass
