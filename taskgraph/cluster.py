@@ -55,6 +55,10 @@ class Run:
         self.blas_threads = blas_threads
         self.plan = make_plan(graph, cluster.size)
         self.rank_plan = self.plan.for_rank(cluster.rank)
+        graph.results.clear()
+        graph.result_ranks.update(
+            (t.id, self.plan.placement[t.id]) for t in graph.tasks if not hasattr(t.fn, "modes")
+        )
         self.compile_seconds = 0.0
         self.seconds = 0.0
         self.stats = Stats()

@@ -479,14 +479,13 @@ class Executor:
             outcomes = net.allgather(failure if failure and failure.get("origin") else None)
             origins = [o for o in outcomes if o is not None]
             failure = origins[0] if origins else failure
-        results = {}
+        results = dict(self.values)  # every value made here, and every rank's sinks
         if failure is None:
             mine = {t: self.values[t] for t in self.plan.results if t in self.values}
             for part in net.allgather(mine):
                 results.update(part)
         net.close()
         self.graph.results.update(results)
-        self.graph.result_ranks.update({t: net.rank for t in self.values})
         if failure is not None:
             err = TaskError(
                 failure["task"], failure["rank"], failure["size"], failure["host"],

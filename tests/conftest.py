@@ -1,0 +1,107 @@
+"""Fixtures that start real processes, bounded three ways.
+
+Every job started here has (1) pytest-timeout's per-test limit, (2) a timeout on the
+job itself, after which its whole process group is killed, and (3) a check, after
+the job, that none of its processes is left; leftovers are killed and the test
+fails. Ranks dump their stacks (faulthandler) before their own deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from taskgraph.launch import python_command, run_ranks
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+
+def _clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_"))}
+    env.update(PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs of live processes whose command line or environment carries ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def assert_none_left(marker: str) -> None:
+    deadline = time.monotonic() + 5
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def mpirun():
+    """``mpirun(n, argv, timeout=60)``: run ``python argv`` on n ranks, captured."""
+
+    def run(n: int, argv: list[str], timeout: float = 90, env: dict | None = None):
+        marker = f"TASKGRAPH_TEST_JOB={uuid.uuid4().hex}"
+        key, value = marker.split("=")
+        job_env = _clean_env(**{key: value, "SCENARIO_TIMEOUT": str(max(5, timeout - 10))})
+        job_env.update(env or {})
+        try:
+            proc = run_ranks(n, argv, timeout=timeout, capture=True, env=job_env)
+        except subprocess.TimeoutExpired:
+            assert_none_left(marker)
+            pytest.fail(f"mpiexec -n {n} {' '.join(argv)} ran past {timeout} s")
+        assert_none_left(marker)
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def run_cli():
+    """``run_cli(*args, timeout=...)``: the ``taskgraph`` command, bounded and checked."""
+
+    def run(*args: str, timeout: float = 120, env: dict | None = None):
+        marker = f"TASKGRAPH_TEST_JOB={uuid.uuid4().hex}"
+        key, value = marker.split("=")
+        job_env = _clean_env(**{key: value})
+        job_env.update(env or {})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskgraph.cli", *args], cwd=ROOT, env=job_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            assert_none_left(value)
+            pytest.fail(f"taskgraph {' '.join(args)} ran past {timeout} s")
+        assert_none_left(value)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    return run
+
+
+__all__ = ["python_command"]

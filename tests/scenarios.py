@@ -1,0 +1,258 @@
+"""The shared executor suite: scenarios every configuration must pass.
+
+Each scenario runs on every rank of a job and raises (AssertionError) if something
+is wrong. ``tests/test_executor.py`` runs each one in-process on 1 rank without MPI,
+and under ``mpiexec`` on 2 and 3 ranks::
+
+    python tests/scenarios.py NAME        # every rank prints "PASS NAME r/n" at the end
+
+Scenarios run several graphs in the same processes on purpose: after a failure, the
+next run must work.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import time
+
+import numpy as np
+
+import taskgraph as tg
+from taskgraph.kernels import gemm, potrf, syrk, trsm
+from taskgraph.linalg import cholesky, cholesky_residual
+from taskgraph.tiled import spd_dense
+
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def cluster() -> tg.Cluster:
+    return tg.current_cluster()
+
+
+def gathered_factor(A) -> np.ndarray:
+    """The factor on every rank (collective)."""
+    return np.tril(A.to_numpy())
+
+
+@scenario
+def cholesky_is_correct():
+    for n, tile, dtype, tol in [(700, 128, "float64", 1e-14), (512, 100, "float32", 1e-5)]:
+        A = tg.TiledMatrix.random_spd(n, tile, dtype)
+        run = cluster().run(cholesky(A)).wait()
+        assert run.stats.tasks == len(run.rank_plan.tasks)
+        L = gathered_factor(A)
+        res = cholesky_residual(spd_dense(n, tile, dtype), L)
+        assert res < tol, f"{dtype} residual {res}"
+        assert L.dtype == np.dtype(dtype)
+
+
+@scenario
+def futures_reduction_tree():
+    @tg.task
+    def leaf(i):
+        return np.full(3, float(i))
+
+    @tg.task
+    def add(a, b):
+        return a + b
+
+    with tg.Graph("tree") as g:
+        parts = [leaf(i) for i in range(37)]
+        while len(parts) > 1:
+            nxt = [add(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+            parts = nxt + parts[len(nxt) * 2 :]
+    cluster().run(g).wait()
+    assert np.array_equal(parts[0].result(), np.full(3, float(sum(range(37)))))
+
+
+@scenario
+def kernel_raises_then_next_run_works():
+    size = cluster().size
+    bad_rank = size - 1
+
+    @tg.kernel(modes="rw", dims="mn")
+    def poison(t):
+        raise ZeroDivisionError("poisoned tile")
+
+    A = tg.TiledMatrix.random_spd(400, 100)
+    g = cholesky(A, "poisoned")
+    # find a tile owned by the last rank, and poison it after the first column
+    target = next((i, j) for i, j in A.indices() if A.owner(i, j) == bad_rank and j >= 1)
+    with g:
+        poison(A[target].rw)
+    t0 = time.monotonic()
+    try:
+        cluster().run(g).wait()
+    except tg.TaskError as err:
+        elapsed = time.monotonic() - t0
+        assert elapsed < 10, f"stopping took {elapsed:.1f} s"
+        assert err.task == f"poison(A[{target[0]},{target[1]}])", err.task
+        assert err.rank == bad_rank and err.size == size
+        text = str(err)
+        assert f"on rank {bad_rank}/{size}" in text and "ZeroDivisionError" in text, text
+        assert "poisoned tile" in err.traceback and "Traceback" in err.traceback
+        cause = err.__cause__
+        if cluster().rank == bad_rank:
+            assert isinstance(cause, ZeroDivisionError), repr(cause)
+        else:
+            assert isinstance(cause, tg.RemoteTraceback) and "poisoned tile" in str(cause)
+    else:
+        raise AssertionError("the run should have failed")
+    # the same processes run the next graph
+    B = tg.TiledMatrix.random_spd(300, 100)
+    cluster().run(cholesky(B)).wait()
+    assert cholesky_residual(spd_dense(300, 100), gathered_factor(B)) < 1e-14
+
+
+@scenario
+def not_positive_definite_names_the_tile():
+    n, tile = 400, 100
+    A = tg.TiledMatrix.from_function(
+        n, tile, lambda i, j, s: -np.eye(*s) if i == j == 2 else (np.eye(*s) if i == j else 0),
+        lower=True, name="A",
+    )
+    try:
+        cluster().run(cholesky(A)).wait()
+    except tg.TaskError as err:
+        assert err.task == "potrf(A[2,2])", err.task
+        assert err.rank == A.owner(2, 2)
+        assert "NotPositiveDefiniteError" in str(err) and "order 1" in str(err), str(err)
+    else:
+        raise AssertionError("an indefinite matrix must fail")
+
+
+@scenario
+def user_kernel_and_values_across_ranks():
+    @tg.kernel(modes="r,rw", dims="mn,mn", flops=lambda m, n: 2 * m * n)
+    def axpy(x, y):
+        y += 2.0 * x
+
+    @tg.task
+    def tile_sum(t):
+        return float(t.sum())
+
+    @tg.task
+    def total(*parts):
+        return sum(parts)
+
+    A = tg.TiledMatrix.from_function((6, 6), 2, lambda i, j, s: np.full(s, 1.0 + i + 10 * j))
+    with tg.Graph("user") as g:
+        for i in range(A.mt):
+            for j in range(1, A.nt):
+                axpy(A[i, j - 1].r, A[i, j].rw)  # a sweep along each row: RAW chain
+        s = total(*[tile_sum(A[i, j]) for i, j in A.indices()])
+    cluster().run(g).wait()
+    ref = np.fromfunction(lambda r, c: 1.0 + r // 2 + 10 * (c // 2), (6, 6))
+    for j in range(1, 3):
+        ref[:, 2 * j : 2 * j + 2] += 2.0 * ref[:, 2 * j - 2 : 2 * j]
+    assert np.allclose(A.to_numpy(), ref)
+    assert s.result() == ref.sum()
+
+
+@scenario
+def write_after_read_across_ranks():
+    """Readers elsewhere must see the old version even though the owner overwrites it.
+
+        A[0,0] (owner 0) --read--> copy(A[0,0] -> B[i,0]) on every rank
+               \\--overwrite (waits for the sends of the old version)
+    """
+
+    @tg.kernel(modes="r,w", dims="mn,mn")
+    def copy(src, dst):
+        dst[...] = src
+
+    @tg.kernel(modes="rw", dims="mn")
+    def scribble(t):
+        t[...] = -1.0
+
+    size = cluster().size
+    A = tg.TiledMatrix.from_function((2, 2), 2, lambda i, j, s: 7.0)
+    B = tg.TiledMatrix.zeros((2 * size, 2), 2, grid=(size, 1))
+    with tg.Graph("war") as g:
+        for i in range(size):
+            copy(A[0, 0].r, B[i, 0].w)
+        scribble(A[0, 0].rw)
+    cluster().run(g).wait()
+    assert np.all(B.to_numpy() == 7.0)
+    assert np.all(A.to_numpy() == -1.0)
+
+
+@scenario
+def explicit_dependency_orders_tasks():
+    @tg.task
+    def stamp(delay):
+        time.sleep(delay)
+        return time.time()
+
+    size = cluster().size
+    with tg.Graph("explicit") as g:
+        first = stamp(0.3)
+        later = [stamp(0.0) for _ in range(max(2, size))]
+        for t in later:
+            g.add_dependency(first, t)
+    cluster().run(g).wait()
+    home = g.result_ranks[first.id]
+    if cluster().rank == home:  # first has successors: its value stays where it was made
+        assert all(t.result() >= first.result() for t in later)
+    else:
+        try:
+            first.result()
+        except tg.GraphError as err:
+            assert f"lives on rank {home}" in str(err), str(err)
+        else:
+            raise AssertionError("a value made elsewhere should not be here")
+
+
+@scenario
+def empty_graph_runs():
+    run = cluster().run(tg.Graph("empty")).wait()
+    assert run.stats.tasks == 0
+
+
+@scenario
+def waiting_rank_sleeps():
+    """Ranks waiting for a tile from a slow task use little CPU meanwhile.
+
+        slow(B[0,0]) on rank 0 --B[0,0]--> copy(B[0,0] -> B[i,0]) on rank i
+    """
+
+    @tg.kernel(modes="w", dims="mn")
+    def slow(t):
+        time.sleep(2.0)
+        t[...] = 3.0
+
+    @tg.kernel(modes="r,w", dims="mn,mn")
+    def copy(src, dst):
+        dst[...] = src
+
+    size = cluster().size
+    B = tg.TiledMatrix.zeros((2 * size, 2), 2, grid=(size, 1))
+    with tg.Graph("idle") as g:
+        slow(B[0, 0].w)
+        for i in range(1, size):
+            copy(B[0, 0].r, B[i, 0].w)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cluster().run(g).wait()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    assert wall >= 1.9
+    assert cpu / wall < 0.25, f"a waiting rank used {cpu / wall:.0%} of a core"
+    assert np.all(B.to_numpy() == 3.0)
+
+
+def main(name: str) -> None:
+    faulthandler.dump_traceback_later(float(os.environ.get("SCENARIO_TIMEOUT", "120")), exit=True)
+    SCENARIOS[name]()
+    c = cluster()
+    print(f"PASS {name} {c.rank}/{c.size}", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
