@@ -129,6 +129,10 @@ class Executor:
         self.received: dict[tuple[int, int], object] = {}  # (data, producer) -> buffer
         self.refs: dict[tuple[int, int], int] = {}  # readers left per received buffer
         self._running = 0
+        self.pickled: dict[int, bytes] = {}
+        self._pickle_here = {
+            t for t, msgs in plan.sends.items() if any(m.kind == "value" for m in msgs)
+        }
         self.exception: BaseException | None = None
         for t in plan.tasks:
             if self.waits[t] == 0:
@@ -171,6 +175,8 @@ class Executor:
                 lock.release()
                 try:
                     value = self._call(t)
+                    if t in self._pickle_here:  # a value another rank reads: pickle it now
+                        self.pickled[t] = commlib.dumps(value)
                 except BaseException as exc:  # noqa: BLE001 - reported to every rank
                     lock.acquire()
                     self._running -= 1
@@ -249,7 +255,7 @@ class Executor:
             self._move(t, State.FAILED)
         if self.failure is None:
             self.failure = {
-                "task": self.graph.label(t) if t is not None else "(runtime)",
+                "task": self.graph.label(t) if t is not None else None,
                 "rank": self.net.rank,
                 "size": self.net.size,
                 "host": self.net.host,
@@ -304,7 +310,6 @@ class Executor:
         self.recvs_active_msgs: list[Message] = []
         self.posted_bytes = 0
         self.recvs_left = len(self.plan.recvs)
-        self.pickled: dict[int, bytes] = {}
         ntasks = len(self.plan.tasks)
         sleep = 0.0
         while True:
@@ -355,10 +360,7 @@ class Executor:
             tile = self.graph.data[msg.data].tile
             return tile.matrix.tiles[tile.i, tile.j]
         if msg.kind == "value":
-            data = self.pickled.get(msg.producer)
-            if data is None:
-                data = self.pickled[msg.producer] = commlib.dumps(self.values[msg.producer])
-            return data
+            return self.pickled[msg.producer]
         return b""
 
     def _post_recvs(self) -> bool:
@@ -486,6 +488,12 @@ class Executor:
                 results.update(part)
         net.close()
         self.graph.results.update(results)
+        if failure is not None and failure["task"] is None:  # a cancel, or a runtime fault
+            raise RunError(
+                f"run {self.graph.name!r} stopped on rank {failure['rank']}/{failure['size']} "
+                f"({failure['host']}): {failure['error']}"
+            ) from (self.exception if failure["rank"] == net.rank else
+                    RemoteTraceback(failure["traceback"]))
         if failure is not None:
             err = TaskError(
                 failure["task"], failure["rank"], failure["size"], failure["host"],

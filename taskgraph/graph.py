@@ -202,10 +202,13 @@ class Graph:
         accesses = []
         for i, a in enumerate(args):
             if not isinstance(a, Access):
-                what = f"tile {a!r}" if hasattr(a, "matrix") else repr(a)
+                if hasattr(a, "matrix"):
+                    hint = f"mark it: {a!r}.r, {a!r}.w or {a!r}.rw"
+                else:
+                    hint = "kernels take marked tiles such as A[i, j].rw"
                 raise GraphError(
-                    f"{kernel.name}: argument {i + 1} ({what}) must be a marked tile: "
-                    "write A[i, j].r, .w or .rw"
+                    f"task {kernel.name}(...): argument {i + 1} ({a!r}) is not a marked tile; "
+                    + hint
                 )
             accesses.append(a)
         label = f"{kernel.name}({', '.join(repr(a.tile) for a in accesses)})"
@@ -223,7 +226,9 @@ class Graph:
         enc_args = tuple(self._encode(a) for a in args)
         enc_kwargs = {k: self._encode(v) for k, v in kwargs.items()} or None
         tid = len(self.tasks)
-        self._record(fn, enc_args, enc_kwargs, fn.name)
+        parts = [self._arg_label(a) for a in enc_args]
+        parts += [f"{k}={self._arg_label(v)}" for k, v in (enc_kwargs or {}).items()]
+        self._record(fn, enc_args, enc_kwargs, f"{fn.name}#{tid}({', '.join(parts)})")
         # the value this task returns is data too, written by it
         d = self._data_id(("value", tid), producer=tid)
         self.tasks[tid].writes = self.tasks[tid].writes + ((d, INITIAL),)
@@ -231,6 +236,11 @@ class Graph:
         return Future(self, tid)
 
     def _encode(self, a):
+        if isinstance(a, TaskRef) and not isinstance(a, Future):
+            raise GraphError(
+                f"{a!r} is a kernel task: it has no value to pass on; "
+                "pass the tiles it wrote, or use graph.add_dependency()"
+            )
         if isinstance(a, Future):
             if a.graph is not self:
                 raise GraphError(f"{a!r} belongs to graph {a.graph.name!r}, not {self.name!r}")
@@ -281,6 +291,9 @@ class Graph:
 
     def add_dependency(self, before: TaskRef | int, after: TaskRef | int) -> None:
         """An explicit edge: ``after`` waits for ``before``."""
+        for ref in (before, after):
+            if isinstance(ref, TaskRef) and ref.graph is not self:
+                raise GraphError(f"{ref!r} belongs to graph {ref.graph.name!r}, not {self.name!r}")
         b = before.id if isinstance(before, TaskRef) else int(before)
         a = after.id if isinstance(after, TaskRef) else int(after)
         for t in (a, b):
@@ -309,7 +322,7 @@ class Graph:
         return f"<Graph {self.name!r}: {self.ntasks} tasks, {self.nedges} edges>"
 
     def label(self, tid: int) -> str:
-        """A readable name: ``potrf(A[2,2])`` or ``simulate#7(3, <value of task 2>)``."""
+        """A readable name: ``potrf(A[2,2])`` or ``simulate#7(3, <task 2>)``."""
         t = self.tasks[tid]
         if t.kwargs is None and all(isinstance(a, Ref) for a in t.args) and t.args:
             if all(self.data[a.data].is_tile for a in t.args):

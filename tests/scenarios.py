@@ -246,6 +246,65 @@ def waiting_rank_sleeps():
     assert np.all(B.to_numpy() == 3.0)
 
 
+@scenario
+def unpicklable_value_names_its_task():
+    @tg.task
+    def make():
+        return lambda: None  # a lambda cannot be pickled
+
+    @tg.task
+    def use(f, t):
+        t[...] = 1.0
+
+    size = cluster().size
+    B = tg.TiledMatrix.zeros((2 * size, 2), 2, grid=(size, 1))
+    with tg.Graph("unpicklable") as g:
+        f = make()
+        for i in range(size):  # writing B[i,0] puts a user on every rank (owner computes)
+            use(f, B[i, 0].rw)
+    travels = any(m.kind == "value" for m in tg.make_plan(g, size).messages)
+    assert travels == (size > 1)
+    if size == 1:
+        cluster().run(g).wait()  # nothing travels on one rank: it simply works
+        return
+    try:
+        cluster().run(g).wait()
+    except tg.TaskError as err:
+        assert err.task == "make#0()", err.task
+        assert "pickle" in str(err).lower(), str(err)
+    else:
+        raise AssertionError("an unpicklable value sent to another rank must fail")
+
+
+@scenario
+def cancel_stops_every_rank():
+    @tg.kernel(modes="rw", dims="mn")
+    def nap(t):
+        time.sleep(0.1)
+
+    size = cluster().size
+    B = tg.TiledMatrix.zeros((2 * size, 2), 2, grid=(size, 1))
+    with tg.Graph("naps") as g:
+        for _ in range(100):  # 10 s of naps on every rank
+            for i in range(size):
+                nap(B[i, 0].rw)
+    run = cluster().run(g)
+    time.sleep(0.5)
+    if cluster().rank == 0:
+        run.cancel()
+    t0 = time.monotonic()
+    try:
+        run.wait(timeout=30)
+    except tg.RunError as err:
+        assert "cancelled by the user" in str(err) and "on rank 0/" in str(err), str(err)
+        assert time.monotonic() - t0 < 5, "cancel took too long"
+    else:
+        raise AssertionError("a cancelled run must raise")
+    C = tg.TiledMatrix.random_spd(200, 100)
+    cluster().run(cholesky(C)).wait()
+    assert cholesky_residual(spd_dense(200, 100), gathered_factor(C)) < 1e-14
+
+
 def main(name: str) -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("SCENARIO_TIMEOUT", "120")), exit=True)
     SCENARIOS[name]()

@@ -286,7 +286,7 @@ def test_a_dtype_the_kernel_does_not_allow_is_rejected():
 
 def test_a_bare_tile_given_to_a_kernel_is_rejected():
     A = matrix()
-    with tg.Graph(), pytest.raises(tg.GraphError, match=r"argument 1 \(tile A\[0,0\]\) must be a"):
+    with tg.Graph(), pytest.raises(tg.GraphError, match=r"argument 1 \(A\[0,0\]\) is not a marked tile; mark it: A\[0,0\]\.r"):
         axpy(A[0, 0], A[1, 0].rw)
 
 
@@ -310,11 +310,6 @@ def test_one_tile_written_and_used_again_by_the_same_task_is_rejected():
     assert g.ntasks == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: graph.py Graph.add_call passes the bare function name as the label to "
-    "_record, so errors say 'task add: ...' instead of naming the call 'add#0(...)'",
-)
 def test_errors_in_task_function_calls_name_the_call():
     A = matrix()
     with tg.Graph(), pytest.raises(tg.GraphError, match=r"task add#0\(A\[0,0\], y=A\[0,0\]\)"):
@@ -390,6 +385,17 @@ def test_self_dependency_and_unknown_tasks_are_rejected():
         g.add_dependency(a, a)
     with pytest.raises(tg.GraphError, match="has no task 5"):
         g.add_dependency(a, 5)
+    assert g.nedges == 0
+
+
+def test_a_task_of_another_graph_is_rejected_as_a_dependency():
+    with tg.Graph("first"):
+        a = load(0)
+    with tg.Graph("second") as g:
+        load(1)
+        b = load(2)
+    with pytest.raises(tg.GraphError, match="'first'"):
+        g.add_dependency(a, b)
     assert g.nedges == 0
 
 
@@ -536,3 +542,12 @@ def test_labels():
     assert g.label(3) == "load(A[1,0])"
     assert repr(a) == "<task 1: " + g.label(1) + ">"
     assert repr(g) == "<Graph 'graph': 4 tasks, 1 edges>"
+
+
+def test_a_kernel_task_passed_as_a_value_is_rejected():
+    A = matrix()
+    with tg.Graph() as g:
+        ref = axpy(A[0, 0].r, A[1, 0].rw)
+        with pytest.raises(tg.GraphError, match="kernel task: it has no value"):
+            add(ref, y=1)
+    assert g.ntasks == 1

@@ -1,0 +1,101 @@
+"""Batch use: the same script on every rank, the ``taskgraph`` command, a dying rank."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
+
+EXAMPLE = str(ROOT / "examples" / "cholesky.py")
+
+
+def test_same_factor_at_1_2_3_4_ranks(mpirun, tmp_path):
+    factors = {}
+    for ranks in (1, 2, 3, 4):
+        out = tmp_path / f"L{ranks}.npy"
+        proc = mpirun(ranks, [EXAMPLE, "--n", "700", "--tile", "128", "--save", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        assert f"{ranks} ranks" in proc.stdout
+        factors[ranks] = np.load(out)
+    ref = factors[1]
+    assert np.abs(ref).max() > 1  # a real factor, not zeros
+    for ranks, L in factors.items():
+        err = np.abs(L - ref).max() / np.abs(ref).max()
+        assert err < 1e-14, f"{ranks} ranks differ from 1 rank by {err}"
+
+
+def test_taskgraph_run_and_mpiexec_run_the_same_script(run_cli, mpirun):
+    via_cli = run_cli("run", "-n", "4", EXAMPLE, "--n", "512", "--tile", "128")
+    assert via_cli.returncode == 0, via_cli.stderr
+    assert "4 ranks" in via_cli.stdout and "residual" in via_cli.stdout
+    via_mpiexec = mpirun(4, [EXAMPLE, "--n", "512", "--tile", "128"])
+    assert via_mpiexec.returncode == 0 and "4 ranks" in via_mpiexec.stdout
+
+
+def test_demo_prints_figures_and_json(run_cli):
+    proc = run_cli("demo", "--ranks", "2", "--n", "768", "--tile", "128", "--json")
+    assert proc.returncode == 0, proc.stderr
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("n", "tile", "ranks", "workers_per_rank", "seconds", "gflops",
+                "gemm_peak_gflops", "fraction_of_peak", "residual", "compile_seconds"):
+        assert key in last, key
+    assert last["ranks"] == 2 and last["n"] == 768 and last["tile"] == 128
+    assert last["residual"] < 1e-12 and last["gflops"] > 0 and last["gemm_peak_gflops"] > 0
+    assert "GFLOP/s" in proc.stdout and "DGEMM peak" in proc.stdout
+
+
+def test_demo_float32_on_one_rank(run_cli):
+    proc = run_cli("demo", "--ranks", "1", "--workers", "2", "--n", "512", "--tile", "128",
+                   "--dtype", "float32", "--json")
+    assert proc.returncode == 0, proc.stderr
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["dtype"] == "float32" and last["workers_per_rank"] == 2
+    assert last["residual"] < 1e-4 and "SGEMM peak" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run", "-n", "0", "x.py"), "at least 1"),
+    (("demo", "--ranks", "0"), "at least 1"),
+    (("frobnicate",), "taskgraph demo"),
+])
+def test_cli_rejects_bad_input(run_cli, args, message):
+    proc = run_cli(*args, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stdout + proc.stderr
+
+
+def test_missing_script_fails_clearly(run_cli):
+    proc = run_cli("run", "-n", "2", "no/such/script.py", timeout=60)
+    assert proc.returncode != 0
+    assert "no/such/script.py" in proc.stderr
+
+
+def test_a_rank_that_dies_ends_the_job(mpirun, tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        import taskgraph as tg
+
+        @tg.kernel(modes="rw", dims="mn")
+        def die_on_last_rank(t):
+            if tg.current_cluster().rank == tg.current_cluster().size - 1:
+                os._exit(3)
+            time.sleep(0.2)
+
+        size = tg.current_cluster().size
+        B = tg.TiledMatrix.zeros((2 * size, 2), 2, grid=(size, 1))
+        with tg.Graph("dies") as g:
+            for i in range(size):
+                die_on_last_rank(B[i, 0].rw)
+        tg.current_cluster().run(g).wait()  # the others wait for the dead rank at the end
+        print("UNREACHABLE")
+    """))
+    proc = mpirun(3, [str(script)], timeout=60)
+    assert proc.returncode != 0
+    assert "UNREACHABLE" not in proc.stdout
