@@ -11,9 +11,9 @@ graph, plans it (deterministically) and runs its own share.
 import argparse
 
 import numpy as np
+from taskgraph.kernels import gemm, potrf, syrk, trsm
 
 import taskgraph as tg
-from taskgraph.kernels import gemm, potrf, syrk, trsm
 from taskgraph.linalg import cholesky_residual
 from taskgraph.tiled import spd_dense
 
@@ -45,7 +45,9 @@ if cluster.rank == 0:
     L = np.tril(L)
     res = cholesky_residual(spd_dense(args.n, args.tile, args.dtype), L)
     gflops = args.n**3 / 3 / run.seconds / 1e9
-    print(f"{g}: {cluster.size} ranks x {cluster.workers} workers, {run.seconds:.3f} s, "
-          f"{gflops:.1f} GFLOP/s, residual {res:.1e}")
+    print(
+        f"{g}: {cluster.size} ranks x {cluster.workers} workers, {run.seconds:.3f} s, "
+        f"{gflops:.1f} GFLOP/s, residual {res:.1e}"
+    )
     if args.save:
         np.save(args.save, L)

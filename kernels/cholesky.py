@@ -89,7 +89,7 @@ def _make_potrf(routine: Callable, dtype: np.dtype, name: str) -> Callable:
 
 
 def _make_trsm(routine: Callable, dtype: np.dtype, name: str) -> Callable:
-    def trsm_tile(l, b):
+    def trsm_tile(l, b):  # noqa: E741 - L, the factor, as in LAPACK
         """b <- b · L⁻ᵀ, L the lower triangle of ``l`` (?trsm side R, uplo L, trans T)."""
         opts = np.empty(4, np.int8)
         opts[0] = _R
@@ -223,7 +223,7 @@ def _shape(op: str, name: str, a: np.ndarray) -> tuple[int, int]:
 def _inner(op: str, tiles: tuple[np.ndarray, ...], names: str) -> Callable:
     """The compiled inner function for the tiles' common dtype."""
     dtype = tiles[-1].dtype
-    for tile, name in zip(tiles, names):
+    for tile in tiles:
         if tile.dtype != dtype:
             got = ", ".join(f"{n}: {t.dtype}" for t, n in zip(tiles, names))
             raise ValueError(f"{op} needs tiles of one dtype, got {got}")

@@ -1,14 +1,14 @@
 """taskgraph: build task graphs in Python, run them on MPI ranks, watch them run.
 
-    import taskgraph as tg
-    from taskgraph.kernels import potrf, trsm, syrk, gemm
+import taskgraph as tg
+from taskgraph.kernels import potrf, trsm, syrk, gemm
 
-    A = tg.TiledMatrix.random_spd(4096, tile=512)
-    with tg.Graph("cholesky") as g:
-        for k in range(A.nt):
-            potrf(A[k, k].rw)
-            ...
-    tg.Cluster().run(g).wait()
+A = tg.TiledMatrix.random_spd(4096, tile=512)
+with tg.Graph("cholesky") as g:
+    for k in range(A.nt):
+        potrf(A[k, k].rw)
+        ...
+tg.Cluster().run(g).wait()
 """
 
 from .access import Access, Mode
@@ -30,8 +30,28 @@ from .tiled import Tile, TiledMatrix
 __version__ = "0.1.0"
 
 __all__ = [
-    "Access", "Cluster", "Future", "Graph", "GraphError", "Kernel", "Mode",
-    "NotPositiveDefiniteError", "Plan", "PlanError", "RankPlan", "RemoteTraceback", "Run",
-    "RunError", "TaskError", "TaskRef", "TaskgraphError", "Tile", "TiledMatrix",
-    "compile_kernels", "current_cluster", "kernel", "make_plan", "task",
+    "Access",
+    "Cluster",
+    "Future",
+    "Graph",
+    "GraphError",
+    "Kernel",
+    "Mode",
+    "NotPositiveDefiniteError",
+    "Plan",
+    "PlanError",
+    "RankPlan",
+    "RemoteTraceback",
+    "Run",
+    "RunError",
+    "TaskError",
+    "TaskRef",
+    "TaskgraphError",
+    "Tile",
+    "TiledMatrix",
+    "compile_kernels",
+    "current_cluster",
+    "kernel",
+    "make_plan",
+    "task",
 ]

@@ -1,7 +1,7 @@
 """The ``taskgraph`` command.
 
-    taskgraph demo [--ranks 2] [--n 4096] [--tile 512] [--dtype float64] [--json]
-    taskgraph run -n 4 script.py [args...]
+taskgraph demo [--ranks 2] [--n 4096] [--tile 512] [--dtype float64] [--json]
+taskgraph run -n 4 script.py [args...]
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def _run(argv: list[str]) -> int:
         prog="taskgraph run", description="Run a script on N local MPI ranks."
     )
     p.add_argument("-n", "--ranks", type=int, default=2, help="MPI ranks (default 2)")
-    p.add_argument("--timeout", type=float, default=None, help="kill the job after this "
-                   "many seconds")
+    p.add_argument(
+        "--timeout", type=float, default=None, help="kill the job after this many seconds"
+    )
     p.add_argument("script", help="a Python script")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     args = p.parse_args(argv)

@@ -75,8 +75,11 @@ class Run:
             self.compile_seconds = compile_kernels(self.graph)
             with threadpool_limits(limits=self.blas_threads, user_api="blas"):
                 ex = Executor(
-                    self.graph, self.rank_plan, self.cluster.world.network(),
-                    self.workers, self.cluster.pool,
+                    self.graph,
+                    self.rank_plan,
+                    self.cluster.world.network(),
+                    self.workers,
+                    self.cluster.pool,
                 )
                 self._executor = ex
                 self._started.set()
@@ -132,8 +135,13 @@ class Run:
 class Cluster:
     """The ranks graphs run on. ``Cluster()``: the ranks of this MPI job (or one rank)."""
 
-    def __init__(self, *, workers: int | None = None, blas_threads: int | None = None,
-                 world_: World | None = None):
+    def __init__(
+        self,
+        *,
+        workers: int | None = None,
+        blas_threads: int | None = None,
+        world_: World | None = None,
+    ):
         self.world = world_ or world()
         self.rank = self.world.rank
         self.size = self.world.size
@@ -157,8 +165,9 @@ class Cluster:
     def close(self) -> None:
         """Nothing to stop for the ranks of a job; kept for the common interface."""
 
-    def run(self, graph: Graph, *, workers: int | None = None,
-            blas_threads: int | None = None) -> Run:
+    def run(
+        self, graph: Graph, *, workers: int | None = None, blas_threads: int | None = None
+    ) -> Run:
         """Plan ``graph`` and start running it; returns a :class:`Run` at once."""
         return Run(self, graph, workers or self.workers, blas_threads or self.blas_threads)
 

@@ -28,16 +28,21 @@ def parser() -> argparse.ArgumentParser:
         description="Tiled Cholesky of a random SPD matrix on local MPI ranks, verified.",
     )
     p.add_argument("--ranks", type=int, default=2, help="MPI ranks (default 2)")
-    p.add_argument("--workers", type=int, default=None, help="worker threads per rank "
-                   "(default: cores / ranks)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="worker threads per rank (default: cores / ranks)"
+    )
     p.add_argument("--n", type=int, default=4096, help="matrix order (default 4096)")
     p.add_argument("--tile", type=int, default=512, help="tile size (default 512)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-check", action="store_true", help="skip the residual check")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before the job "
-                   "is killed (default 1800)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=1800,
+        help="seconds before the job is killed (default 1800)",
+    )
     return p
 
 

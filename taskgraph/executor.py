@@ -64,11 +64,15 @@ class BufferPool:
 
     def __init__(self):
         self._free: dict[tuple, list[np.ndarray]] = {}
+        self.allocated = 0  # buffers ever made
+        self.handed_out = 0  # buffers ever handed out
 
     def get(self, shape: tuple, dtype: str) -> np.ndarray:
+        self.handed_out += 1
         stack = self._free.get((shape, dtype))
         if stack:
             return stack.pop()
+        self.allocated += 1
         return np.empty(shape, np.dtype(dtype), order="F")
 
     def put(self, arr: np.ndarray) -> None:
@@ -330,7 +334,8 @@ class Executor:
                 busy |= self._test_sends()
                 busy |= self._probe()
                 self.stats.polls += 1
-            if all_done and not self.sends_waiting and not self.sends_active and not self.recvs_left:
+            transfers = self.sends_waiting or self.sends_active or self.recvs_left
+            if all_done and not transfers:
                 return
             if busy:
                 sleep = 0.0
@@ -365,9 +370,7 @@ class Executor:
 
     def _post_recvs(self) -> bool:
         posted = False
-        while self.recvs_todo and (
-            self.posted_bytes < self.recv_budget or not self.recvs_active
-        ):
+        while self.recvs_todo and (self.posted_bytes < self.recv_budget or not self.recvs_active):
             msg = self.recvs_todo.popleft()
             if (msg.src, msg.tag) not in self.expected:
                 continue  # arrived early, already taken by the probe
@@ -397,7 +400,9 @@ class Executor:
                 continue
             msg = self.expected.pop((src, tag), None)
             if msg is None:
-                raise RunError(f"rank {self.net.rank} got an unplanned message (source {src}, tag {tag})")
+                raise RunError(
+                    f"rank {self.net.rank} got an unplanned message (source {src}, tag {tag})"
+                )
             if msg.kind == "tile":
                 buf = self.pool.get(msg.shape, msg.dtype)
             else:
@@ -492,20 +497,29 @@ class Executor:
             raise RunError(
                 f"run {self.graph.name!r} stopped on rank {failure['rank']}/{failure['size']} "
                 f"({failure['host']}): {failure['error']}"
-            ) from (self.exception if failure["rank"] == net.rank else
-                    RemoteTraceback(failure["traceback"]))
+            ) from (
+                self.exception
+                if failure["rank"] == net.rank
+                else RemoteTraceback(failure["traceback"])
+            )
         if failure is not None:
             err = TaskError(
-                failure["task"], failure["rank"], failure["size"], failure["host"],
-                failure["error"], failure["traceback"],
+                failure["task"],
+                failure["rank"],
+                failure["size"],
+                failure["host"],
+                failure["error"],
+                failure["traceback"],
             )
-            cause = self.exception if failure.get("origin") and failure["rank"] == net.rank else None
+            mine = failure.get("origin") and failure["rank"] == net.rank
+            cause = self.exception if mine else None
             raise err from (cause or RemoteTraceback(failure["traceback"]))
 
     def _send_abort(self, failure: dict) -> None:
         data = commlib.dumps(failure)
-        reqs = [self.net.isend(data, r, CONTROL_TAG) for r in range(self.net.size)
-                if r != self.net.rank]
+        reqs = [
+            self.net.isend(data, r, CONTROL_TAG) for r in range(self.net.size) if r != self.net.rank
+        ]
         deadline = time.monotonic() + 2.0
         pending = list(reqs)
         while pending and time.monotonic() < deadline:

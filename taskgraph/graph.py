@@ -213,7 +213,8 @@ class Graph:
             accesses.append(a)
         label = f"{kernel.name}({', '.join(repr(a.tile) for a in accesses)})"
         problem = kernel.check(
-            [a.mode for a in accesses], [a.tile.shape for a in accesses],
+            [a.mode for a in accesses],
+            [a.tile.shape for a in accesses],
             [a.tile.dtype for a in accesses],
         )
         if problem:
@@ -385,8 +386,11 @@ class Graph:
         """The cost (flops, or the declared cost) of every task."""
         out = []
         for t in self.tasks:
-            shapes = [self.data[a.data].tile.shape for a in t.args
-                      if isinstance(a, Ref) and self.data[a.data].is_tile]
+            shapes = [
+                self.data[a.data].tile.shape
+                for a in t.args
+                if isinstance(a, Ref) and self.data[a.data].is_tile
+            ]
             out.append(t.fn.cost(shapes))
         return out
 
@@ -405,8 +409,10 @@ class Graph:
             return 0.0, []
         level = self.bottom_levels()
         succ = self.successors()
-        t = max((t for t in range(len(self.tasks)) if not self.tasks[t].preds),
-                key=lambda t: (level[t], -t))
+        t = max(
+            (t for t in range(len(self.tasks)) if not self.tasks[t].preds),
+            key=lambda t: (level[t], -t),
+        )
         path = [t]
         while succ[t]:
             t = max(succ[t], key=lambda s: (level[s], -s))

@@ -35,8 +35,9 @@ def launcher_flavour(mpiexec: str) -> str:
     return "other"
 
 
-def mpiexec_command(mpiexec: str, flavour: str, n: int, argv: Sequence[str],
-                    as_root: bool = False) -> list[str]:
+def mpiexec_command(
+    mpiexec: str, flavour: str, n: int, argv: Sequence[str], as_root: bool = False
+) -> list[str]:
     """The command that starts ``argv`` on ``n`` local ranks."""
     if n < 1:
         raise ValueError(f"need at least one rank, got {n}")
@@ -55,8 +56,14 @@ def python_command(n: int, argv: Sequence[str]) -> list[str]:
     return mpiexec_command(exe, launcher_flavour(exe), n, [sys.executable, *argv], as_root)
 
 
-def run_ranks(n: int, argv: Sequence[str], *, timeout: float | None = None,
-              capture: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_ranks(
+    n: int,
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    capture: bool = False,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``python argv`` on n ranks; kill every process of the job on timeout."""
     cmd = python_command(n, argv)
     proc = subprocess.Popen(

@@ -109,8 +109,7 @@ def _check_matrices(graph: Graph, nranks: int) -> None:
     for m in graph.matrices():
         if m.nranks != nranks:
             raise PlanError(
-                f"matrix {m.name} is distributed over {m.nranks} ranks, "
-                f"but the run has {nranks}"
+                f"matrix {m.name} is distributed over {m.nranks} ranks, but the run has {nranks}"
             )
 
 

@@ -134,7 +134,9 @@ class TiledMatrix:
             i, j = ij
             i, j = int(i), int(j)
         except (TypeError, ValueError):
-            raise GraphError(f"index tiles of {self.name} as {self.name}[i, j], not {ij!r}") from None
+            raise GraphError(
+                f"index tiles of {self.name} as {self.name}[i, j], not {ij!r}"
+            ) from None
         if not (0 <= i < self.mt and 0 <= j < self.nt):
             raise GraphError(
                 f"tile {self.name}[{i},{j}] is out of range: {self.name} has "

@@ -25,8 +25,11 @@ ROOT = HERE.parent
 
 
 def _clean_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_"))
+    }
     env.update(PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1", **extra)
     return env
 
@@ -88,8 +91,13 @@ def run_cli():
         job_env = _clean_env(**{key: value})
         job_env.update(env or {})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "taskgraph.cli", *args], cwd=ROOT, env=job_env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            [sys.executable, "-m", "taskgraph.cli", *args],
+            cwd=ROOT,
+            env=job_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         try:
             out, err = proc.communicate(timeout=timeout)

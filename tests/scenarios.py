@@ -20,7 +20,6 @@ import time
 import numpy as np
 
 import taskgraph as tg
-from taskgraph.kernels import gemm, potrf, syrk, trsm
 from taskgraph.linalg import cholesky, cholesky_residual
 from taskgraph.tiled import spd_dense
 
@@ -51,6 +50,22 @@ def cholesky_is_correct():
         res = cholesky_residual(spd_dense(n, tile, dtype), L)
         assert res < tol, f"{dtype} residual {res}"
         assert L.dtype == np.dtype(dtype)
+
+
+@scenario
+def receive_buffers_are_reused():
+    """Tiles received in one run go back to the pool; the next run allocates nothing."""
+    pool = cluster().pool
+    A = tg.TiledMatrix.random_spd(800, 100)
+    cluster().run(cholesky(A)).wait()
+    first = pool.allocated
+    if cluster().size > 1:
+        assert first > 0 and pool.handed_out >= first
+        assert len(pool) == first, "every received buffer should be back in the pool"
+    B = tg.TiledMatrix.random_spd(800, 100)
+    cluster().run(cholesky(B)).wait()
+    assert pool.allocated == first, f"second run allocated {pool.allocated - first} buffers"
+    assert cholesky_residual(spd_dense(800, 100), gathered_factor(B)) < 1e-14
 
 
 @scenario
@@ -115,8 +130,11 @@ def kernel_raises_then_next_run_works():
 def not_positive_definite_names_the_tile():
     n, tile = 400, 100
     A = tg.TiledMatrix.from_function(
-        n, tile, lambda i, j, s: -np.eye(*s) if i == j == 2 else (np.eye(*s) if i == j else 0),
-        lower=True, name="A",
+        n,
+        tile,
+        lambda i, j, s: -np.eye(*s) if i == j == 2 else (np.eye(*s) if i == j else 0),
+        lower=True,
+        name="A",
     )
     try:
         cluster().run(cholesky(A)).wait()
@@ -160,8 +178,8 @@ def user_kernel_and_values_across_ranks():
 def write_after_read_across_ranks():
     """Readers elsewhere must see the old version even though the owner overwrites it.
 
-        A[0,0] (owner 0) --read--> copy(A[0,0] -> B[i,0]) on every rank
-               \\--overwrite (waits for the sends of the old version)
+    A[0,0] (owner 0) --read--> copy(A[0,0] -> B[i,0]) on every rank
+           \\--overwrite (waits for the sends of the old version)
     """
 
     @tg.kernel(modes="r,w", dims="mn,mn")
@@ -220,7 +238,7 @@ def empty_graph_runs():
 def waiting_rank_sleeps():
     """Ranks waiting for a tile from a slow task use little CPU meanwhile.
 
-        slow(B[0,0]) on rank 0 --B[0,0]--> copy(B[0,0] -> B[i,0]) on rank i
+    slow(B[0,0]) on rank 0 --B[0,0]--> copy(B[0,0] -> B[i,0]) on rank i
     """
 
     @tg.kernel(modes="w", dims="mn")

@@ -7,7 +7,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
@@ -42,8 +41,18 @@ def test_demo_prints_figures_and_json(run_cli):
     proc = run_cli("demo", "--ranks", "2", "--n", "768", "--tile", "128", "--json")
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout.strip().splitlines()[-1])
-    for key in ("n", "tile", "ranks", "workers_per_rank", "seconds", "gflops",
-                "gemm_peak_gflops", "fraction_of_peak", "residual", "compile_seconds"):
+    for key in (
+        "n",
+        "tile",
+        "ranks",
+        "workers_per_rank",
+        "seconds",
+        "gflops",
+        "gemm_peak_gflops",
+        "fraction_of_peak",
+        "residual",
+        "compile_seconds",
+    ):
         assert key in last, key
     assert last["ranks"] == 2 and last["n"] == 768 and last["tile"] == 128
     assert last["residual"] < 1e-12 and last["gflops"] > 0 and last["gemm_peak_gflops"] > 0
@@ -51,19 +60,34 @@ def test_demo_prints_figures_and_json(run_cli):
 
 
 def test_demo_float32_on_one_rank(run_cli):
-    proc = run_cli("demo", "--ranks", "1", "--workers", "2", "--n", "512", "--tile", "128",
-                   "--dtype", "float32", "--json")
+    proc = run_cli(
+        "demo",
+        "--ranks",
+        "1",
+        "--workers",
+        "2",
+        "--n",
+        "512",
+        "--tile",
+        "128",
+        "--dtype",
+        "float32",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["dtype"] == "float32" and last["workers_per_rank"] == 2
     assert last["residual"] < 1e-4 and "SGEMM peak" in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (("run", "-n", "0", "x.py"), "at least 1"),
-    (("demo", "--ranks", "0"), "at least 1"),
-    (("frobnicate",), "taskgraph demo"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("run", "-n", "0", "x.py"), "at least 1"),
+        (("demo", "--ranks", "0"), "at least 1"),
+        (("frobnicate",), "taskgraph demo"),
+    ],
+)
 def test_cli_rejects_bad_input(run_cli, args, message):
     proc = run_cli(*args, timeout=60)
     assert proc.returncode == 2
@@ -78,7 +102,8 @@ def test_missing_script_fails_clearly(run_cli):
 
 def test_a_rank_that_dies_ends_the_job(mpirun, tmp_path):
     script = tmp_path / "dies.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, time
         import taskgraph as tg
 
@@ -95,7 +120,8 @@ def test_a_rank_that_dies_ends_the_job(mpirun, tmp_path):
                 die_on_last_rank(B[i, 0].rw)
         tg.current_cluster().run(g).wait()  # the others wait for the dead rank at the end
         print("UNREACHABLE")
-    """))
+    """)
+    )
     proc = mpirun(3, [str(script)], timeout=60)
     assert proc.returncode != 0
     assert "UNREACHABLE" not in proc.stdout

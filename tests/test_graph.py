@@ -75,15 +75,15 @@ def add(x, y=0):
 def test_raw_war_waw_edges_and_versions():
     """One tile X, six tasks in program order::
 
-        t0 scale(X.rw)                writes X v0
-           |         \\         RAW
-        t1 show(X.r)  t2 show(X.r)    both read v0: no edge between them
-           |         /          WAR
-        t3 fill(X.w)                  waits for both readers, not for t0 again
-           |                    WAW
-        t4 fill(X.w)
-           |                    RAW
-        t5 show(X.r)                  waits only for the last writer t4
+    t0 scale(X.rw)                writes X v0
+       |         \\         RAW
+    t1 show(X.r)  t2 show(X.r)    both read v0: no edge between them
+       |         /          WAR
+    t3 fill(X.w)                  waits for both readers, not for t0 again
+       |                    WAW
+    t4 fill(X.w)
+       |                    RAW
+    t5 show(X.r)                  waits only for the last writer t4
     """
     A = matrix()
     X = A[0, 0]
@@ -108,9 +108,9 @@ def test_raw_war_waw_edges_and_versions():
 def test_first_access_has_no_edge_and_tiles_are_independent():
     """Two tiles, never shared::
 
-        t0 scale(A00)    t1 scale(A10)
-           |                |
-        t2 axpy(A00 -> A01) t3 fill(A11)
+    t0 scale(A00)    t1 scale(A10)
+       |                |
+    t2 axpy(A00 -> A01) t3 fill(A11)
     """
     A = matrix()
     with tg.Graph() as g:
@@ -162,9 +162,9 @@ def test_reading_one_tile_twice_is_one_read():
 def test_task_calls_inside_a_graph_return_futures_and_passing_them_adds_edges():
     """::
 
-        a = load(1)   b = load(2)
-              \\         /
-            c = add(a, y=b)
+    a = load(1)   b = load(2)
+          \\         /
+        c = add(a, y=b)
     """
     with tg.Graph() as g:
         a = load(1)
@@ -183,9 +183,9 @@ def test_task_calls_inside_a_graph_return_futures_and_passing_them_adds_edges():
 def test_tiles_as_task_arguments_bare_tile_is_a_read():
     """A bare tile is read; a marked one is used as marked::
 
-        t0 inspect(A00, A10.rw)     reads A00, reads and writes A10
-             |   (WAR on A00)
-        t1 scale(A00.rw)
+    t0 inspect(A00, A10.rw)     reads A00, reads and writes A10
+         |   (WAR on A00)
+    t1 scale(A00.rw)
     """
 
     @tg.task
@@ -248,8 +248,8 @@ def test_wrong_number_of_tiles():
 def test_shapes_that_do_not_fit_dims_name_the_task_and_dimension():
     """A 3 x 3 matrix in tiles of 2::
 
-        A00 (2x2)  A01 (2x1)
-        A10 (1x2)  A11 (1x1)
+    A00 (2x2)  A01 (2x1)
+    A10 (1x2)  A11 (1x1)
     """
     A = matrix(3)
     with tg.Graph() as g:
@@ -264,8 +264,11 @@ def test_shapes_that_do_not_fit_dims_name_the_task_and_dimension():
 
 def test_mixed_dtypes_are_rejected():
     A, B = matrix(name="A"), matrix(dtype=np.float32, name="B")
-    with tg.Graph(), pytest.raises(
-        tg.GraphError, match=r"axpy\(A\[0,0\], B\[0,0\]\): axpy needs tiles of one dtype"
+    with (
+        tg.Graph(),
+        pytest.raises(
+            tg.GraphError, match=r"axpy\(A\[0,0\], B\[0,0\]\): axpy needs tiles of one dtype"
+        ),
     ):
         axpy(A[0, 0].r, B[0, 0].rw)
 
@@ -286,7 +289,8 @@ def test_a_dtype_the_kernel_does_not_allow_is_rejected():
 
 def test_a_bare_tile_given_to_a_kernel_is_rejected():
     A = matrix()
-    with tg.Graph(), pytest.raises(tg.GraphError, match=r"argument 1 \(A\[0,0\]\) is not a marked tile; mark it: A\[0,0\]\.r"):
+    expected = r"argument 1 \(A\[0,0\]\) is not a marked tile; mark it: A\[0,0\]\.r"
+    with tg.Graph(), pytest.raises(tg.GraphError, match=expected):
         axpy(A[0, 0], A[1, 0].rw)
 
 
@@ -337,8 +341,8 @@ def test_a_kernel_on_numpy_arrays_outside_a_graph_runs():
 def test_tiles_out_of_range_or_above_the_diagonal(ij, message):
     """A lower 2 x 2-tile matrix stores::
 
-        A00  .
-        A10 A11
+    A00  .
+    A10 A11
     """
     A = matrix(lower=True)
     with pytest.raises(tg.GraphError, match=message):
@@ -355,7 +359,7 @@ def test_a_full_matrix_has_tiles_above_the_diagonal():
 def test_explicit_dependency_adds_one_edge():
     """Two independent tasks, then an explicit edge by ref and by id::
 
-        t0 load(0)  t1 load(1)        t0 ----> t1  (once, however often it is added)
+    t0 load(0)  t1 load(1)        t0 ----> t1  (once, however often it is added)
     """
     with tg.Graph() as g:
         a = load(0)
@@ -402,9 +406,9 @@ def test_a_task_of_another_graph_is_rejected_as_a_dependency():
 def test_a_cycle_through_explicit_dependencies_names_its_tasks():
     """A chain a -> b -> c, then c -> a by hand; d hangs below the cycle::
 
-        a --> b --> c --> d
-        ^           |
-        +-----------+
+    a --> b --> c --> d
+    ^           |
+    +-----------+
     """
     with tg.Graph("loop") as g:
         a = load(1)
@@ -455,7 +459,16 @@ def test_cholesky_edges_on_three_tiles():
     """
     g = cholesky(matrix(6, lower=True))
     assert [t.preds for t in g.tasks] == [
-        [], [0], [0], [1], [2], [1, 2], [3], [5, 6], [4, 7], [8],
+        [],
+        [0],
+        [0],
+        [1],
+        [2],
+        [1, 2],
+        [3],
+        [5, 6],
+        [4, 7],
+        [8],
     ]
     assert g.nedges == 12
     assert g.label(5) == "gemm(A[2,0], A[1,0], A[2,1])"

@@ -12,10 +12,10 @@ import threading
 
 import numpy as np
 import pytest
+from taskgraph.kernels import CHOLESKY_KERNELS, cholesky, compile_all, gemm, potrf, syrk, trsm
 
 from taskgraph.access import Mode
 from taskgraph.errors import NotPositiveDefiniteError
-from taskgraph.kernels import CHOLESKY_KERNELS, cholesky, compile_all, gemm, potrf, syrk, trsm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -394,9 +394,7 @@ def test_kernel_runs_on_numpy_arrays(rng):
 def test_gemm_in_two_threads(rng):
     """Concurrent calls (which run without the GIL) give correct results."""
     n = 512
-    tiles = [
-        [np.asfortranarray(rng.standard_normal((n, n))) for _ in range(3)] for _ in range(2)
-    ]
+    tiles = [[np.asfortranarray(rng.standard_normal((n, n))) for _ in range(3)] for _ in range(2)]
     wants = [ref_gemm(a, b, c) for a, b, c in tiles]
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
@@ -405,7 +403,7 @@ def test_gemm_in_two_threads(rng):
         try:
             barrier.wait(timeout=30)
             gemm(a, b, c)
-        except BaseException as e:  # surfaced below
+        except BaseException as e:  # noqa: BLE001 - surfaced below
             errors.append(e)
 
     gemm.compile(["float64"])

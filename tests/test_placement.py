@@ -17,8 +17,20 @@ pytestmark = pytest.mark.timeout(30)
 
 @pytest.mark.parametrize(
     "n, grid",
-    [(1, (1, 1)), (2, (1, 2)), (3, (1, 3)), (4, (2, 2)), (5, (1, 5)), (6, (2, 3)),
-     (7, (1, 7)), (8, (2, 4)), (9, (3, 3)), (10, (2, 5)), (11, (1, 11)), (12, (3, 4))],
+    [
+        (1, (1, 1)),
+        (2, (1, 2)),
+        (3, (1, 3)),
+        (4, (2, 2)),
+        (5, (1, 5)),
+        (6, (2, 3)),
+        (7, (1, 7)),
+        (8, (2, 4)),
+        (9, (3, 3)),
+        (10, (2, 5)),
+        (11, (1, 11)),
+        (12, (3, 4)),
+    ],
 )
 def test_grid_shape_is_the_most_square_grid(n, grid):
     p, q = grid_shape(n)
@@ -40,11 +52,11 @@ def test_grid_shape_needs_a_rank(n):
 def test_block_cyclic_owner_on_a_2x3_grid():
     """Six ranks on a P=2 x Q=3 grid, tiles 4 x 7::
 
-               j: 0 1 2 3 4 5 6
-            i=0   0 1 2 0 1 2 0
-            i=1   3 4 5 3 4 5 3
-            i=2   0 1 2 0 1 2 0
-            i=3   3 4 5 3 4 5 3
+       j: 0 1 2 3 4 5 6
+    i=0   0 1 2 0 1 2 0
+    i=1   3 4 5 3 4 5 3
+    i=2   0 1 2 0 1 2 0
+    i=3   3 4 5 3 4 5 3
     """
     drawn = """
         0 1 2 0 1 2 0
@@ -88,8 +100,8 @@ def test_pick_rank(where, load, rank, why):
 def test_independent_tasks_go_round_robin():
     """Seven tasks without inputs on three ranks::
 
-        t:    0 1 2 3 4 5 6
-        rank: 0 1 2 0 1 2 0
+    t:    0 1 2 3 4 5 6
+    rank: 0 1 2 0 1 2 0
     """
     assert follow_inputs([{}] * 7, 3) == [0, 1, 2, 0, 1, 2, 0]
 
@@ -108,9 +120,9 @@ def test_a_chain_stays_on_one_rank():
 def test_ties_go_to_the_least_loaded_then_the_lowest_rank():
     """Three ranks; four independent tasks first (loads 2, 1, 1), then:
 
-        t4 reads 8 B on rank 0 and 8 B on rank 1  -> rank 1 (load 1 < 2)
-        t5 reads 8 B on rank 1 and 8 B on rank 2  -> rank 2 (loads 2, 1)
-        t6 reads 8 B on rank 1 and 8 B on rank 2  -> rank 1 (loads 2, 2: lowest)
+    t4 reads 8 B on rank 0 and 8 B on rank 1  -> rank 1 (load 1 < 2)
+    t5 reads 8 B on rank 1 and 8 B on rank 2  -> rank 2 (loads 2, 1)
+    t6 reads 8 B on rank 1 and 8 B on rank 2  -> rank 1 (loads 2, 2: lowest)
     """
     inputs = [{}, {}, {}, {}, {0: 8.0, 1: 8.0}, {1: 8.0, 2: 8.0}, {2: 8.0, 1: 8.0}]
     assert follow_inputs(inputs, 3) == [0, 1, 2, 0, 1, 2, 1]

@@ -193,8 +193,19 @@ def test_cholesky_on_two_ranks_by_hand():
     assert plan.placement == [0, 0, 0, 1, 0, 1, 1, 1, 0, 0]
     g = plan.graph
     got = [
-        (m.src, m.dst, m.kind, g.data[m.data].label(), m.producer, m.shape, m.dtype,
-         m.nbytes, m.tag, m.consumers, m.release)
+        (
+            m.src,
+            m.dst,
+            m.kind,
+            g.data[m.data].label(),
+            m.producer,
+            m.shape,
+            m.dtype,
+            m.nbytes,
+            m.tag,
+            m.consumers,
+            m.release,
+        )
         for m in plan.messages
     ]
     assert got == [
@@ -271,9 +282,9 @@ def test_priorities_put_the_critical_path_first():
 def test_war_across_ranks_releases_the_overwriter_after_the_send():
     """B is 1 x 2 tiles on ranks 0 | 1::
 
-        t0 axpy(B00.r, B01.rw)   rank 1: reads the initial B00, sent 0 -> 1
-                  :  WAR
-        t1 scale(B00.rw)         rank 0: must not overwrite B00 before it is sent
+    t0 axpy(B00.r, B01.rw)   rank 1: reads the initial B00, sent 0 -> 1
+              :  WAR
+    t1 scale(B00.rw)         rank 0: must not overwrite B00 before it is sent
     """
     B = matrix((2, 4), nranks=2, name="B")
     with tg.Graph() as g:
@@ -284,7 +295,12 @@ def test_war_across_ranks_releases_the_overwriter_after_the_send():
     assert plan.placement == [1, 0]
     [m] = plan.messages
     assert (m.src, m.dst, m.kind, m.producer, m.consumers, m.release) == (
-        0, 1, "tile", INITIAL, [0], [1],
+        0,
+        1,
+        "tile",
+        INITIAL,
+        [0],
+        [1],
     )
     assert plan.for_rank(0).waits == {1: 1}  # the send, not the remote reader
     assert plan.for_rank(0).sends == {INITIAL: [m]}
@@ -295,11 +311,11 @@ def test_war_across_ranks_releases_the_overwriter_after_the_send():
 def test_war_with_readers_on_three_ranks():
     """B is 1 x 3 tiles on ranks 0 | 1 | 2; B00 is made by t0, then read everywhere::
 
-        t0 scale(B00)               rank 0
-         |--> t1 axpy(B00, B01)     rank 1  (message 0 -> 1)
-         |--> t2 axpy(B00, B02)     rank 2  (message 0 -> 2)
-         |--> t3 show(B00)          rank 0
-        t4 scale(B00)               rank 0: waits for t0 and t3 (local) and both sends
+    t0 scale(B00)               rank 0
+     |--> t1 axpy(B00, B01)     rank 1  (message 0 -> 1)
+     |--> t2 axpy(B00, B02)     rank 2  (message 0 -> 2)
+     |--> t3 show(B00)          rank 0
+    t4 scale(B00)               rank 0: waits for t0 and t3 (local) and both sends
     """
     B = matrix((2, 6), nranks=3, name="B")
     with tg.Graph() as g:
@@ -325,8 +341,8 @@ def test_war_with_readers_on_three_ranks():
 def test_explicit_dependency_across_ranks_is_a_signal():
     """Two tasks that share no data, on ranks 0 and 1, ordered by hand::
 
-        t0 scale(B00)  rank 0 ==signal, 0 bytes==> t1 scale(B01)  rank 1
-        t2 show(B01)   rank 1  (a local explicit edge t1 -> t2: no message)
+    t0 scale(B00)  rank 0 ==signal, 0 bytes==> t1 scale(B01)  rank 1
+    t2 show(B01)   rank 1  (a local explicit edge t1 -> t2: no message)
     """
     B = matrix((2, 4), nranks=2, name="B")
     with tg.Graph() as g:
@@ -377,12 +393,12 @@ def test_a_cycle_is_rejected_before_planning():
 def test_futures_follow_their_inputs():
     """Two chains on two ranks, joined at the end::
 
-        a = load(1)  r0      b = load(2)  r1      (independent: round robin)
-            |                    |
-        c = add(a)   r0      d = add(b)   r1      (follow the input)
-              \\                 /
-               e = add(c, y=d)  r0                (64 B on each rank, loads 2 and 2:
-                                                    the lowest rank; d's value is sent)
+    a = load(1)  r0      b = load(2)  r1      (independent: round robin)
+        |                    |
+    c = add(a)   r0      d = add(b)   r1      (follow the input)
+          \\                 /
+           e = add(c, y=d)  r0                (64 B on each rank, loads 2 and 2:
+                                                the lowest rank; d's value is sent)
     """
     with tg.Graph() as g:
         a, b = load(1), load(2)
@@ -415,9 +431,9 @@ def test_a_chain_of_futures_stays_on_one_rank():
 def test_a_task_on_a_tile_runs_where_the_tile_is():
     """B is 1 x 2 tiles of 4 x 4 (128 B) on ranks 0 | 1::
 
-        t0 norm(B01)           rank 1: its only input is there
-             |  value, 1 -> 0
-        t1 add(t0, y=B00)      rank 0: B00 (128 B) outweighs t0's value (64 B)
+    t0 norm(B01)           rank 1: its only input is there
+         |  value, 1 -> 0
+    t1 add(t0, y=B00)      rank 0: B00 (128 B) outweighs t0's value (64 B)
     """
 
     @tg.task
