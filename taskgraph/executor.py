@@ -169,6 +169,8 @@ class Executor:
         lock.acquire()
         try:
             while True:
+                if not self.ready and not self.stopping:
+                    self.wake.set()  # going idle: the progress thread should poll sooner
                 while not self.ready and not self.stopping:
                     lock.wait()
                 if self.stopping:
@@ -344,7 +346,10 @@ class Executor:
                 # nothing to poll: sleep until a worker hands over work
                 self.wake.wait(0.05 if net.size > 1 else None)
             else:
-                sleep = min(self.poll_max, max(2e-5, sleep * 2))
+                # poll often only while a worker is idle (waiting on the network); while
+                # every worker computes, latency is hidden, so leave their cores alone
+                cap = self.poll_max if self._running < self.nworkers else 10 * self.poll_max
+                sleep = min(cap, max(2e-5, sleep * 2))
                 self.stats.sleeps += 1
                 self.wake.wait(sleep)
             self.wake.clear()
