@@ -8,6 +8,7 @@ flow: read-after-write, write-after-read and write-after-write.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 
 class Mode(enum.IntFlag):
@@ -35,7 +36,7 @@ class Mode(enum.IntFlag):
             raise ValueError(f"unknown access mode {text!r}: use 'r', 'w' or 'rw'") from None
 
 
-def parse_modes(spec: str | tuple | list) -> tuple[Mode, ...]:
+def parse_modes(spec: str | Sequence) -> tuple[Mode, ...]:
     """``"r,rw"`` or ``("r", "rw")`` -> ``(Mode.R, Mode.RW)``."""
     parts = spec.split(",") if isinstance(spec, str) else list(spec)
     return tuple(p if isinstance(p, Mode) else Mode.parse(p) for p in parts)

@@ -198,6 +198,7 @@ class World:
     def _send_tiles_to(self, matrix, out, dst: int) -> None:
         """Every owner sends dst the tiles it lacks, one at a time, in index order."""
         t, comm = matrix.tile, self.comm
+        assert comm is not None
         scratch: dict[tuple, np.ndarray] = {}
         for tag, (i, j) in enumerate(matrix.indices()):
             owner = matrix.owner(i, j)

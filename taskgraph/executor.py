@@ -217,8 +217,8 @@ class Executor:
     def _fetch(self, d: int, versions: dict[int, int]):
         """The local array or value of the data a task uses."""
         item = self.graph.data[d]
-        if item.is_tile:
-            tile = item.tile
+        tile = item.tile
+        if tile is not None:
             arr = tile.matrix.tiles.get((tile.i, tile.j))
             if arr is not None:
                 return arr
@@ -313,7 +313,7 @@ class Executor:
         self.recvs_todo: deque[Message] = deque(m for m in self.plan.recvs if m.kind == "tile")
         self.expected = {(m.src, m.tag): m for m in self.plan.recvs}
         self.recvs_active: list = []
-        self.recvs_active_msgs: list[Message] = []
+        self.recvs_active_msgs: list[tuple[Message, np.ndarray | bytearray]] = []
         self.posted_bytes = 0
         self.recvs_left = len(self.plan.recvs)
         ntasks = len(self.plan.tasks)
@@ -367,7 +367,7 @@ class Executor:
 
     def _payload(self, msg: Message):
         if msg.kind == "tile":
-            tile = self.graph.data[msg.data].tile
+            tile = self.graph.data[msg.data].the_tile
             return tile.matrix.tiles[tile.i, tile.j]
         if msg.kind == "value":
             return self.pickled[msg.producer]
@@ -380,10 +380,14 @@ class Executor:
             if (msg.src, msg.tag) not in self.expected:
                 continue  # arrived early, already taken by the probe
             del self.expected[msg.src, msg.tag]
-            buf = self.pool.get(msg.shape, msg.dtype)
+            buf = self._tile_buffer(msg)
             self._start_recv(msg, self.net.irecv(buf, msg.src, msg.tag), buf)
             posted = True
         return posted
+
+    def _tile_buffer(self, msg: Message) -> np.ndarray:
+        assert msg.shape is not None and msg.dtype is not None
+        return self.pool.get(msg.shape, msg.dtype)
 
     def _start_recv(self, msg: Message, req, buf) -> None:
         self.recvs_active.append(req)
@@ -399,19 +403,18 @@ class Executor:
             got = True
             handle, src, tag, nbytes = found
             if tag == CONTROL_TAG:
-                buf = bytearray(nbytes)
-                self.net.recv_probed(handle, buf).Wait()
-                self._remote_abort(commlib.loads(buf))
+                ctl = bytearray(nbytes)
+                self.net.recv_probed(handle, ctl).Wait()
+                info = commlib.loads(ctl)
+                assert isinstance(info, dict)
+                self._remote_abort(info)
                 continue
             msg = self.expected.pop((src, tag), None)
             if msg is None:
                 raise RunError(
                     f"rank {self.net.rank} got an unplanned message (source {src}, tag {tag})"
                 )
-            if msg.kind == "tile":
-                buf = self.pool.get(msg.shape, msg.dtype)
-            else:
-                buf = bytearray(nbytes)
+            buf = self._tile_buffer(msg) if msg.kind == "tile" else bytearray(nbytes)
             self._start_recv(msg, self.net.recv_probed(handle, buf), buf)
 
     def _test_recvs(self) -> bool:
@@ -491,7 +494,7 @@ class Executor:
             outcomes = net.allgather(failure if failure and failure.get("origin") else None)
             origins = [o for o in outcomes if o is not None]
             failure = origins[0] if origins else failure
-        results = dict(self.values)  # every value made here, and every rank's sinks
+        results: dict[int, object] = dict(self.values)  # made here, and every sink
         if failure is None:
             mine = {t: self.values[t] for t in self.plan.results if t in self.values}
             for part in net.allgather(mine):
@@ -516,8 +519,8 @@ class Executor:
                 failure["error"],
                 failure["traceback"],
             )
-            mine = failure.get("origin") and failure["rank"] == net.rank
-            cause = self.exception if mine else None
+            here = failure.get("origin") and failure["rank"] == net.rank
+            cause = self.exception if here else None
             raise err from (cause or RemoteTraceback(failure["traceback"]))
 
     def _send_abort(self, failure: dict) -> None:

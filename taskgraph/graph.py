@@ -30,11 +30,15 @@ import functools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .access import Access, Mode
 from .errors import GraphError
+
+if TYPE_CHECKING:
+    from .tiled import Tile, TiledMatrix
 
 INITIAL = -1  # producer of the data as it is before the run
 
@@ -54,12 +58,19 @@ class Data:
     """One piece of data a graph touches: a tile of a matrix, or a task's value."""
 
     key: tuple
-    tile: object | None = None  # the Tile, for tiles
+    tile: Tile | None = None  # the Tile, for tiles
     producer: int = INITIAL  # the task, for values
 
     @property
     def is_tile(self) -> bool:
         return self.tile is not None
+
+    @property
+    def the_tile(self) -> Tile:
+        """The tile (for data known to be one)."""
+        if self.tile is None:
+            raise TypeError(f"{self.label()} is not a tile")
+        return self.tile
 
     @property
     def nbytes(self) -> int:
@@ -88,7 +99,7 @@ class Task:
 
     @property
     def name(self) -> str:
-        return getattr(self.fn, "name", None) or getattr(self.fn, "__name__", "task")
+        return str(getattr(self.fn, "name", None) or getattr(self.fn, "__name__", "task"))
 
 
 class TaskRef:
@@ -387,7 +398,7 @@ class Graph:
         out = []
         for t in self.tasks:
             shapes = [
-                self.data[a.data].tile.shape
+                self.data[a.data].the_tile.shape
                 for a in t.args
                 if isinstance(a, Ref) and self.data[a.data].is_tile
             ]
@@ -442,12 +453,12 @@ class Graph:
         return list(seen.values())
 
     def dtypes_used(self) -> set[np.dtype]:
-        return {d.tile.dtype for d in self.data if d.is_tile}
+        return {d.tile.dtype for d in self.data if d.tile is not None}
 
-    def matrices(self) -> list:
-        seen: dict[int, object] = {}
+    def matrices(self) -> list[TiledMatrix]:
+        seen: dict[int, TiledMatrix] = {}
         for d in self.data:
-            if d.is_tile:
+            if d.tile is not None:
                 seen.setdefault(d.tile.matrix.uid, d.tile.matrix)
         return list(seen.values())
 

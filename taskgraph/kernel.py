@@ -43,11 +43,11 @@ class Kernel:
         compile: Callable[[np.dtype], None] | None = None,
     ):
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "kernel")
+        self.name: str = name or str(getattr(fn, "__name__", "kernel"))
         self.modes = parse_modes(modes)
         if isinstance(dims, str):
             dims = tuple(d.strip() for d in dims.split(","))
-        self.dims = tuple(dims) if dims is not None else None
+        self.dims: tuple[str, ...] | None = tuple(dims) if dims is not None else None
         if self.dims is not None and len(self.dims) != len(self.modes):
             raise ValueError(
                 f"kernel {self.name}: {len(self.modes)} modes but {len(self.dims)} dims"

@@ -48,7 +48,7 @@ def pick_rank(where: dict[int, float], load: list[float]) -> int:
         best = max(where.values())
         tied = [r for r, b in where.items() if b == best]
     else:
-        tied = range(len(load))
+        tied = list(range(len(load)))
     return min(tied, key=lambda r: (load[r], r))
 
 

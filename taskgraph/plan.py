@@ -119,7 +119,7 @@ def place(graph: Graph, nranks: int) -> list[int]:
     load = [0.0] * nranks
     data = graph.data
     for t in graph.tasks:
-        owners = {data[d].tile.owner for d, _ in t.writes if data[d].is_tile}
+        owners = {data[d].the_tile.owner for d, _ in t.writes if data[d].is_tile}
         if len(owners) > 1:
             raise PlanError(
                 f"task {graph.label(t.id)} writes tiles owned by ranks "
@@ -131,7 +131,7 @@ def place(graph: Graph, nranks: int) -> list[int]:
         else:
             where: dict[int, float] = {}
             for d, prod in t.reads:
-                r = placement[prod] if prod != INITIAL else data[d].tile.owner
+                r = placement[prod] if prod != INITIAL else data[d].the_tile.owner
                 where[r] = where.get(r, 0.0) + data[d].nbytes
             rank = pick_rank(where, load)
         load[rank] += 1.0
@@ -140,7 +140,7 @@ def place(graph: Graph, nranks: int) -> list[int]:
 
 
 def _holder(graph: Graph, placement: list[int], d: int, prod: int) -> int:
-    return placement[prod] if prod != INITIAL else graph.data[d].tile.owner
+    return placement[prod] if prod != INITIAL else graph.data[d].the_tile.owner
 
 
 def plan_messages(graph: Graph, placement: list[int]) -> list[Message]:
@@ -186,7 +186,7 @@ def plan_messages(graph: Graph, placement: list[int]) -> list[Message]:
 
 def _data_message(graph: Graph, src: int, dst: int, d: int, prod: int) -> Message:
     item = graph.data[d]
-    if item.is_tile:
+    if item.tile is not None:
         tile = item.tile
         return Message(src, dst, "tile", d, prod, item.nbytes, tile.shape, tile.dtype.str)
     return Message(src, dst, "value", d, prod, item.nbytes)

@@ -99,7 +99,9 @@ class TiledMatrix:
         self.cluster = cluster if cluster is not None else current_cluster()
         self.nranks = self.cluster.size
         self.rank = self.cluster.rank
-        self.grid = tuple(grid) if grid is not None else grid_shape(self.nranks)
+        self.grid: tuple[int, int] = (
+            (int(grid[0]), int(grid[1])) if grid is not None else grid_shape(self.nranks)
+        )
         if self.grid[0] * self.grid[1] != self.nranks:
             raise ValueError(f"grid {self.grid} does not cover {self.nranks} ranks")
         self.shape = (m, n)
@@ -219,7 +221,9 @@ class TiledMatrix:
 
     def to_numpy(self) -> np.ndarray:
         """The whole matrix on every rank (collective)."""
-        return self.gather(root=None)
+        out = self.gather(root=None)
+        assert out is not None
+        return out
 
 
 def spd_tile(seed: int, i: int, j: int, shape, n: int, dtype) -> np.ndarray:
