@@ -12,7 +12,7 @@ tg.Cluster().run(g).wait()
 """
 
 from .access import Access, Mode
-from .cluster import Cluster, Run, compile_kernels, current_cluster
+from .cluster import Cluster, JobCluster, Run, compile_kernels, current_cluster
 from .errors import (
     GraphError,
     NotPositiveDefiniteError,
@@ -32,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Access",
     "Cluster",
+    "JobCluster",
     "Future",
     "Graph",
     "GraphError",

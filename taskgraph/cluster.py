@@ -14,6 +14,7 @@ here), then executes it in a background thread and returns a :class:`Run`:
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -24,7 +25,7 @@ from .comm import World, world
 from .errors import RunError
 from .executor import BufferPool, Executor, Stats
 from .graph import Graph
-from .plan import make_plan
+from .plan import Plan, make_plan
 
 _compiled: set[tuple[int, str]] = set()
 _compile_lock = threading.Lock()
@@ -48,12 +49,19 @@ def compile_kernels(graph: Graph) -> float:
 class Run:
     """A graph executing on a cluster; returned at once by :meth:`Cluster.run`."""
 
-    def __init__(self, cluster: Cluster, graph: Graph, workers: int, blas_threads: int):
+    def __init__(
+        self,
+        cluster: JobCluster,
+        graph: Graph,
+        workers: int,
+        blas_threads: int,
+        plan: Plan | None = None,
+    ):
         self.cluster = cluster
         self.graph = graph
         self.workers = workers
         self.blas_threads = blas_threads
-        self.plan = make_plan(graph, cluster.size)
+        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
         self.rank_plan = self.plan.for_rank(cluster.rank)
         graph.results.clear()
         graph.result_ranks.update(
@@ -97,6 +105,14 @@ class Run:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds for the run to end, without raising its error."""
+        self._thread.join(timeout)
+
+    @property
+    def executor(self) -> Executor | None:
+        return self._executor
+
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends; raise its error if it failed on any rank."""
         try:
@@ -133,16 +149,79 @@ class Run:
 
 
 class Cluster:
-    """The ranks graphs run on. ``Cluster()``: the ranks of this MPI job (or one rank)."""
+    """Where graphs run.
+
+    ``Cluster()`` is the ranks of this MPI job (one rank without MPI); ``Cluster(n=4)``
+    in a notebook starts a local ipyparallel controller and 4 engines under mpiexec,
+    one per rank (inside an MPI job it is the job's own ranks, so a notebook's code
+    runs unchanged in batch); ``Cluster.attach(...)`` connects to engines started
+    elsewhere (a SLURM job, ``ipcluster start --engines=mpi``).
+    """
+
+    rank: int | None
+    size: int
+
+    def __new__(cls, n: int | None = None, **kwargs):
+        if cls is Cluster:
+            if n is None or config.use_mpi():
+                cls = JobCluster
+            else:
+                from .engines import EngineCluster
+
+                cls = EngineCluster
+        return super().__new__(cls)
+
+    @classmethod
+    def attach(cls, *args, **kwargs):
+        """Connect to running engines; see :meth:`taskgraph.engines.EngineCluster.attach`."""
+        from .engines import EngineCluster
+
+        return EngineCluster.attach(*args, **kwargs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop whatever this cluster started."""
+
+    def run(
+        self,
+        graph: Graph,
+        *,
+        workers: int | None = None,
+        blas_threads: int | None = None,
+        plan: Plan | None = None,
+    ):
+        """Plan ``graph`` and start running it; returns a run handle at once."""
+        raise NotImplementedError
+
+    def gather_tiles(self, matrix, out, root) -> None:
+        raise NotImplementedError
+
+
+class JobCluster(Cluster):
+    """The ranks of this MPI job (or a single rank without MPI)."""
+
+    rank: int
 
     def __init__(
         self,
+        n: int | None = None,
         *,
         workers: int | None = None,
         blas_threads: int | None = None,
         world_: World | None = None,
     ):
         self.world = world_ or world()
+        if n is not None and n != self.world.size and self.world.rank == 0:
+            print(
+                f"taskgraph: Cluster(n={n}) inside an MPI job of {self.world.size} ranks: "
+                "using the job's ranks",
+                file=sys.stderr,
+            )
         self.rank = self.world.rank
         self.size = self.world.size
         self.host = self.world.host
@@ -156,20 +235,16 @@ class Cluster:
             f"{self.blas_threads} BLAS thread(s) per worker>"
         )
 
-    def __enter__(self) -> Cluster:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Nothing to stop for the ranks of a job; kept for the common interface."""
-
     def run(
-        self, graph: Graph, *, workers: int | None = None, blas_threads: int | None = None
+        self,
+        graph: Graph,
+        *,
+        workers: int | None = None,
+        blas_threads: int | None = None,
+        plan: Plan | None = None,
     ) -> Run:
         """Plan ``graph`` and start running it; returns a :class:`Run` at once."""
-        return Run(self, graph, workers or self.workers, blas_threads or self.blas_threads)
+        return Run(self, graph, workers or self.workers, blas_threads or self.blas_threads, plan)
 
     def barrier(self) -> None:
         self.world.barrier()
@@ -178,12 +253,12 @@ class Cluster:
         self.world.gather_tiles(matrix, out, root)
 
 
-_current: Cluster | None = None
+_current: JobCluster | None = None
 
 
-def current_cluster() -> Cluster:
+def current_cluster() -> JobCluster:
     """The cluster new matrices and runs use by default: this job's ranks."""
     global _current
     if _current is None:
-        _current = Cluster()
+        _current = JobCluster()
     return _current

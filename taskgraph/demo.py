@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from . import config
-from .cluster import Cluster, compile_kernels
+from .cluster import JobCluster, compile_kernels
 from .linalg import cholesky, cholesky_flops, cholesky_residual
 from .machine import describe, gemm_peak
 from .tiled import TiledMatrix, spd_dense
@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The demo on this rank (called on every rank of the job)."""
     args = parser().parse_args(argv)
-    cluster = Cluster(workers=args.workers)
+    cluster = JobCluster(workers=args.workers)
     dtype = np.dtype(args.dtype)
     A = TiledMatrix.random_spd(args.n, args.tile, dtype, seed=args.seed, cluster=cluster)
     graph = cholesky(A)

@@ -41,6 +41,7 @@ from . import config
 from .errors import RemoteTraceback, RunError, TaskError
 from .graph import INITIAL, Graph, Ref
 from .plan import CONTROL_TAG, Message, RankPlan
+from .trace import TASK_DONE, TASK_FAILED, Recorder
 
 
 class State(enum.IntEnum):
@@ -109,6 +110,7 @@ class Executor:
         network: commlib.Network,
         workers: int = 1,
         pool: BufferPool | None = None,
+        trace: bool = True,
     ):
         self.graph = graph
         self.plan = plan
@@ -116,6 +118,8 @@ class Executor:
         self.nworkers = max(1, workers)
         self.pool = pool if pool is not None else BufferPool()
         self.stats = Stats()
+        nsends = sum(len(v) for v in plan.sends.values())
+        self.trace = Recorder(len(plan.tasks), nsends + len(plan.recvs), enabled=trace)
         self.max_sends = config.max_sends()
         self.recv_budget = config.recv_budget()
         self.poll_max = config.poll_max()
@@ -164,8 +168,9 @@ class Executor:
 
     # -- workers ---------------------------------------------------------------------
 
-    def _worker(self) -> None:
+    def _worker(self, index: int) -> None:
         lock = self.lock
+        now = self.trace.now
         lock.acquire()
         try:
             while True:
@@ -179,6 +184,7 @@ class Executor:
                 self._move(t, State.RUNNING)
                 self._running += 1
                 lock.release()
+                start = now()
                 try:
                     value = self._call(t)
                     if t in self._pickle_here:  # a value another rank reads: pickle it now
@@ -186,10 +192,13 @@ class Executor:
                 except BaseException as exc:  # noqa: BLE001 - reported to every rank
                     lock.acquire()
                     self._running -= 1
+                    self.trace.task(t, index, start, now(), TASK_FAILED)
                     self._fail(t, exc)
                     return
+                end = now()
                 lock.acquire()
                 self._running -= 1
+                self.trace.task(t, index, start, end, TASK_DONE)
                 try:
                     self._finish(t, value)
                 except BaseException as exc:  # noqa: BLE001 - a runtime bug: fail loudly
@@ -274,6 +283,10 @@ class Executor:
         self.lock.notify_all()
         self.wake.set()
 
+    def progress(self) -> tuple[int, int]:
+        """(tasks done, tasks in all) on this rank."""
+        return self.done, len(self.plan.tasks)
+
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop the run on this rank (and, through the abort, on every rank)."""
         with self.lock:
@@ -285,7 +298,9 @@ class Executor:
         """Run this rank's tasks; raise TaskError if any rank failed."""
         t0 = time.perf_counter()
         threads = [
-            threading.Thread(target=self._worker, name=f"taskgraph-worker-{i}", daemon=True)
+            threading.Thread(
+                target=self._worker, args=(i,), name=f"taskgraph-worker-{i}", daemon=True
+            )
             for i in range(self.nworkers)
         ]
         for th in threads:
@@ -309,11 +324,11 @@ class Executor:
         net = self.net
         self.sends_waiting: deque[Message] = deque(self.plan.sends.get(INITIAL, ()))
         self.sends_active: list = []
-        self.sends_active_msgs: list[Message] = []
+        self.sends_active_msgs: list[tuple[Message, float]] = []
         self.recvs_todo: deque[Message] = deque(m for m in self.plan.recvs if m.kind == "tile")
         self.expected = {(m.src, m.tag): m for m in self.plan.recvs}
         self.recvs_active: list = []
-        self.recvs_active_msgs: list[tuple[Message, np.ndarray | bytearray]] = []
+        self.recvs_active_msgs: list[tuple[Message, np.ndarray | bytearray, float]] = []
         self.posted_bytes = 0
         self.recvs_left = len(self.plan.recvs)
         ntasks = len(self.plan.tasks)
@@ -359,7 +374,7 @@ class Executor:
         while self.sends_waiting and len(self.sends_active) < self.max_sends:
             msg = self.sends_waiting.popleft()
             self.sends_active.append(self.net.isend(self._payload(msg), msg.dst, msg.tag))
-            self.sends_active_msgs.append(msg)
+            self.sends_active_msgs.append((msg, self.trace.now()))
             self.stats.sent += 1
             self.stats.bytes_sent += msg.nbytes
             posted = True
@@ -391,7 +406,7 @@ class Executor:
 
     def _start_recv(self, msg: Message, req, buf) -> None:
         self.recvs_active.append(req)
-        self.recvs_active_msgs.append((msg, buf))
+        self.recvs_active_msgs.append((msg, buf, self.trace.now()))
         self.posted_bytes += msg.nbytes
 
     def _probe(self) -> bool:
@@ -427,7 +442,8 @@ class Executor:
         self.recvs_active_msgs = [m for i, m in enumerate(self.recvs_active_msgs) if i not in keep]
         with self.lock:
             woken = 0
-            for msg, buf in finished:
+            for msg, buf, posted in finished:
+                self.trace.message(msg.src, msg.nbytes, msg.tag, posted, -1)
                 self.recvs_left -= 1
                 self.posted_bytes -= msg.nbytes
                 self.stats.received += 1
@@ -457,7 +473,8 @@ class Executor:
         self.sends_active_msgs = [m for i, m in enumerate(self.sends_active_msgs) if i not in keep]
         with self.lock:
             woken = 0
-            for msg in finished:
+            for msg, posted in finished:
+                self.trace.message(msg.dst, msg.nbytes, msg.tag, posted, +1)
                 for t in msg.release:
                     woken += self._count_down(t)
             if woken:
