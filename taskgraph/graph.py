@@ -172,6 +172,13 @@ class Graph:
         self._order: list[int] | None = None
         self.results: dict[int, object] = {}
         self.result_ranks: dict[int, int] = {}
+        self.fetch: Callable[[int], object] | None = None  # gets a value from an engine
+
+    def __getstate__(self) -> dict:
+        # what travels to the engines: the tasks and data, not results or hooks
+        state = dict(self.__dict__)
+        state.update(results={}, fetch=None, _order=None)
+        return state
 
     # -- context -------------------------------------------------------------------
 
@@ -467,6 +474,9 @@ class Graph:
     def result(self, tid: int):
         if tid in self.results:
             return self.results[tid]
+        if self.fetch is not None and tid in self.result_ranks:
+            self.results[tid] = value = self.fetch(tid)
+            return value
         if tid in self.result_ranks:
             raise GraphError(
                 f"the value of task {self.label(tid)} lives on rank {self.result_ranks[tid]}; "

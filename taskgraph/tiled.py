@@ -19,15 +19,27 @@ holds the whole matrix: ``random_spd``, ``zeros``, ``from_function``, ``from_num
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import numpy as np
 
 from .access import Access, Mode
+from .cluster import Cluster
 from .errors import GraphError
 from .placement import block_cyclic_owner, grid_shape
 
-_uids = itertools.count()
+_uids = itertools.count()  # matrices made here; a notebook's are negative
+_registry: weakref.WeakValueDictionary[int, TiledMatrix] = weakref.WeakValueDictionary()
+
+
+def lookup(uid: int) -> TiledMatrix:
+    """The matrix with this uid in this process (how pickled matrices come back)."""
+    try:
+        return _registry[uid]
+    except KeyError:
+        raise GraphError(f"no matrix {uid} in this process") from None
 
 
 class Tile:
@@ -85,6 +97,7 @@ class TiledMatrix:
         lower: bool = False,
         name: str | None = None,
         cluster=None,
+        uid: int | None = None,
     ):
         from .cluster import current_cluster
 
@@ -96,7 +109,8 @@ class TiledMatrix:
         self.dtype = np.dtype(dtype)
         if self.dtype.kind not in "fc":
             raise ValueError(f"tiled matrices hold floating-point numbers, not {self.dtype}")
-        self.cluster = cluster if cluster is not None else current_cluster()
+        self.cluster: Any = cast(Any, cluster if cluster is not None else current_cluster())
+        self.remote = bool(getattr(self.cluster, "remote", False))  # made from a notebook
         self.nranks = self.cluster.size
         self.rank = self.cluster.rank
         self.grid: tuple[int, int] = (
@@ -107,14 +121,33 @@ class TiledMatrix:
         self.shape = (m, n)
         self.tile = tile
         self.lower = lower
-        self.uid = next(_uids)
-        self.name = name or f"M{self.uid}"
+        if uid is None:
+            uid = self.cluster.new_uid() if self.remote else next(_uids)
+        self.uid = uid
+        self.name = name or f"M{abs(self.uid)}"
         self.mt = -(-m // tile)
         self.nt = -(-n // tile)
         self.tiles: dict[tuple[int, int], np.ndarray] = {}
         for i, j in self.indices():
-            if self.owner(i, j) == self.rank:
+            if self.owner(i, j) == self.rank:  # a notebook's rank is None: it owns none
                 self.tiles[i, j] = np.empty(self.tile_shape(i, j), self.dtype, order="F")
+        _registry[self.uid] = self
+
+    def spec(self) -> dict:
+        """What another process needs to make its share of this matrix."""
+        return {
+            "shape": self.shape,
+            "tile": self.tile,
+            "dtype": self.dtype.str,
+            "grid": self.grid,
+            "lower": self.lower,
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+    def __reduce__(self):
+        # a graph sent to the engines refers to their matrices, not to copies
+        return (lookup, (self.uid,))
 
     # -- geometry ------------------------------------------------------------------
 
@@ -172,8 +205,10 @@ class TiledMatrix:
 
     @classmethod
     def from_function(cls, shape, tile, fn: Callable, dtype=np.float64, **kw) -> TiledMatrix:
-        """Each owner fills its tiles with ``fn(i, j, tile_shape)``."""
+        """Each owner fills its tiles with ``fn(i, j, tile_shape)`` (on the engines too)."""
         a = cls(shape, tile, dtype, **kw)
+        if a.remote:
+            a.cluster.build_matrix(a, fn)
         for (i, j), t in a.tiles.items():
             t[...] = fn(i, j, t.shape)
         return a
@@ -197,24 +232,45 @@ class TiledMatrix:
         )
 
     @classmethod
-    def from_numpy(cls, array: np.ndarray, tile: int, **kw) -> TiledMatrix:
-        """Cut a NumPy array (present on every rank) into tiles owned by their ranks."""
-        array = np.asarray(array)
+    def from_numpy(cls, *args, tile: int | None = None, **kw) -> TiledMatrix:
+        """Cut a NumPy array into tiles owned by their ranks.
+
+        ``from_numpy(array, tile)`` in a batch job (every rank has the array), or
+        ``from_numpy(cluster, array, tile=...)`` in a notebook, which sends each engine
+        only its own tiles.
+        """
+        if args and isinstance(args[0], Cluster):
+            kw["cluster"], args = args[0], args[1:]
+        if tile is None and len(args) > 1:
+            args, tile = args[:1], args[1]
+        if len(args) != 1 or tile is None:
+            raise TypeError("use from_numpy(array, tile) or from_numpy(cluster, array, tile=...)")
+        array = np.asarray(args[0])
         a = cls(array.shape, tile, array.dtype, **kw)
+        if a.remote:
+            a.cluster.build_matrix(a, None)
+            a.cluster.scatter_matrix(a, array)
         for (i, j), t in a.tiles.items():
-            t[...] = array[i * tile : i * tile + t.shape[0], j * tile : j * tile + t.shape[1]]
+            t[...] = a.block(array, i, j)
         return a
+
+    def block(self, array: np.ndarray, i: int, j: int) -> np.ndarray:
+        """The part of a full-size array that tile (i, j) covers."""
+        t = self.tile
+        r, c = self.tile_shape(i, j)
+        return array[i * t : i * t + r, j * t : j * t + c]
 
     # -- results --------------------------------------------------------------------
 
     def gather(self, root: int | None = 0) -> np.ndarray | None:
         """The whole matrix as one array on ``root`` (on every rank if root is None).
 
-        Tiles not stored (above the diagonal of a lower matrix) are zero. Collective:
-        every rank of the matrix must call it.
+        Tiles not stored (above the diagonal of a lower matrix) are zero. In a batch
+        job every rank must call it; in a notebook it collects the tiles from the
+        engines and returns the array there.
         """
         out = None
-        if root is None or self.rank == root:
+        if root is None or self.rank == root or self.rank is None:  # None: the notebook
             out = np.zeros(self.shape, self.dtype, order="F")
         self.cluster.gather_tiles(self, out, root)
         return out

@@ -1,0 +1,431 @@
+"""The notebook side: ipyparallel engines, one per MPI rank.
+
+::
+
+    notebook (client)                      engines 0..n-1 = MPI ranks 0..n-1
+    ─────────────────                      ──────────────────────────────────
+    EngineCluster(n)  ── start ──────────► controller on 127.0.0.1, mpiexec -n n engines
+                      ── whoami(token) ──► rank, world size, the token rank 0 broadcast
+    TiledMatrix(...)  ── build_matrix ───► each rank makes its own tiles
+    cluster.run(g)    ── run_graph ──────► plan + graph in one message; each rank runs
+                      ◄─ data batches ──── progress and events, every 0.25 s
+    run.wait()        ◄─ summaries ─────── errors come back as TaskError / RunError
+    run.cancel()      ── SIGINT ─────────► KeyboardInterrupt, the run stops everywhere
+    A.gather()        ◄─ tiles ─────────── assembled into one array in the notebook
+
+The notebook plans the graph itself (a malformed graph fails in the notebook) and
+sends the plan to every engine in one message. Engine ids are mapped to
+``COMM_WORLD`` ranks when the cluster connects, and checked: every engine must be in
+one MPI world of exactly n ranks. An engine that dies ends ``wait()`` with a clear
+error within seconds; ``restart()`` gives a fresh set of engines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+import uuid
+import weakref
+
+import cloudpickle
+import numpy as np
+
+from . import config, engine_side
+from .cluster import Cluster
+from .errors import RemoteTraceback, RunError, TaskError
+from .graph import Graph
+from .launch import launcher_flavour
+from .plan import Plan, make_plan
+
+_remote_uids = itertools.count(1)
+
+
+class EngineCluster(Cluster):
+    """ipyparallel engines under mpiexec, driven from a notebook."""
+
+    remote = True
+    rank = None
+
+    def __init__(
+        self,
+        n: int | None = None,
+        *,
+        workers: int | None = None,
+        blas_threads: int | None = None,
+        timeout: float = 120,
+        _client=None,
+        _ipp_cluster=None,
+    ):
+        self.workers = workers
+        self.blas_threads = blas_threads
+        self.timeout = timeout
+        self._ipp = _ipp_cluster
+        self._owns = _client is None
+        self.start_seconds = 0.0
+        if _client is None:
+            if n is None or n < 1:
+                raise ValueError(f"Cluster(n=...) needs at least one engine, got n={n}")
+            self._start(n)
+        else:
+            self._connect(_client, n)
+
+    # -- starting and connecting -----------------------------------------------------
+
+    def _start(self, n: int) -> None:
+        import ipyparallel as ipp
+        from traitlets.config import Config
+
+        exe = config.mpiexec()
+        cfg = Config()
+        cfg.MPILauncher.mpi_cmd = [exe]
+        if launcher_flavour(exe) == "openmpi":
+            cfg.MPILauncher.mpi_args = ["--oversubscribe", "--allow-run-as-root"]
+        t0 = time.perf_counter()
+        self._ipp = ipp.Cluster(
+            n=n,
+            engines="mpi",
+            controller_ip="127.0.0.1",
+            config=cfg,
+            engine_timeout=self.timeout,
+            log_level=40,
+        )
+        try:
+            client = self._ipp.start_and_connect_sync()
+            self._connect(client, n)
+        except BaseException:
+            self._stop_started()
+            raise
+        self.start_seconds = time.perf_counter() - t0
+
+    def _connect(self, client, n: int | None) -> None:
+        self.client = client
+        if n is not None:
+            try:
+                client.wait_for_engines(n, timeout=self.timeout, interactive=False)
+            except TimeoutError:
+                raise RunError(
+                    f"only {len(client.ids)} of {n} engines registered within {self.timeout} s"
+                ) from None
+        ids = sorted(client.ids)
+        if not ids:
+            raise RunError("the cluster has no engines")
+        token = uuid.uuid4().hex
+        infos = client[ids].apply_sync(engine_side.whoami, token)
+        check_one_world(ids, infos, token)
+        by_rank = sorted(zip(ids, infos), key=lambda pair: pair[1]["rank"])
+        self.engine_ids = [e for e, _ in by_rank]
+        self.infos = [info for _, info in by_rank]
+        self.size = len(ids)
+        self.view = client[self.engine_ids]
+        self.view.block = False
+        self.hosts = [info["host"] for info in self.infos]
+        self.generation = getattr(self, "generation", 0) + 1
+
+    @classmethod
+    def attach(
+        cls,
+        cluster_id: str | None = None,
+        *,
+        profile: str | None = None,
+        connection_file: str | None = None,
+        n: int | None = None,
+        timeout: float = 30,
+        **kwargs,
+    ) -> EngineCluster:
+        """Connect to engines someone else started.
+
+        ``connection_file``: a client JSON file (``ipcontroller-client.json``);
+        otherwise the cluster with ``cluster_id`` in ``profile`` (ipyparallel's
+        defaults when omitted). ``n``: wait for this many engines.
+        """
+        import ipyparallel as ipp
+
+        try:
+            if connection_file is not None:
+                client = ipp.Client(url_file=connection_file, timeout=timeout)
+                ipp_cluster = None
+            else:
+                ipp_cluster = ipp.Cluster.from_file(profile=profile, cluster_id=cluster_id or "")
+                client = ipp_cluster.connect_client_sync()
+        except (OSError, TimeoutError) as exc:
+            where = connection_file or f"cluster {cluster_id or '(default)'!r}" + (
+                f" of profile {profile!r}" if profile else ""
+            )
+            raise RunError(f"cannot attach to {where}: {exc}") from exc
+        return cls(n, timeout=timeout, _client=client, _ipp_cluster=ipp_cluster, **kwargs)
+
+    def __repr__(self) -> str:
+        hosts = sorted(set(getattr(self, "hosts", [])))
+        return f"<Cluster of {self.size} engines (MPI ranks) on {', '.join(hosts) or '?'}>"
+
+    # -- lifetime --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Disconnect; stop the controller and engines if this cluster started them."""
+        client = getattr(self, "client", None)
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+            self.client = None
+        if self._owns:
+            self._stop_started()
+
+    def _stop_started(self) -> None:
+        if self._ipp is not None:
+            try:
+                self._ipp.stop_cluster_sync()
+            except Exception:  # noqa: BLE001 - stop everything we can
+                pass
+
+    def restart(self) -> EngineCluster:
+        """Fresh engines (all of them: one MPI world). Matrices must be made again."""
+        if not self._owns or self._ipp is None:
+            raise RunError("only a cluster started here (Cluster(n=...)) can be restarted")
+        n = len(self.engine_ids)
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001
+            pass
+        self._stop_started()
+        self.generation += 1
+        self._start(n)
+        return self
+
+    def alive(self) -> bool:
+        """Whether every engine of this cluster is still registered."""
+        return self.client is not None and set(self.engine_ids) <= set(self.client.ids)
+
+    # -- data ------------------------------------------------------------------------
+
+    def new_uid(self) -> int:
+        return -next(_remote_uids)
+
+    def build_matrix(self, matrix, fill) -> None:
+        payload = cloudpickle.dumps(fill) if fill is not None else None
+        self._wait(self.view.apply_async(engine_side.build_matrix, matrix.spec(), payload))
+        matrix.generation = self.generation
+        weakref.finalize(matrix, _forget, weakref.ref(self), matrix.uid)
+
+    def scatter_matrix(self, matrix, array: np.ndarray) -> None:
+        """Send each engine only the tiles its rank owns."""
+        per_rank: list[dict] = [{} for _ in range(self.size)]
+        for i, j in matrix.indices():
+            per_rank[matrix.owner(i, j)][i, j] = np.asfortranarray(matrix.block(array, i, j))
+        results = [
+            self.client[e].apply_async(engine_side.put_tiles, matrix.uid, tiles)
+            for e, tiles in zip(self.engine_ids, per_rank)
+        ]
+        for ar in results:
+            self._wait(ar)
+
+    def gather_tiles(self, matrix, out, root) -> None:
+        self._check_current(matrix)
+        t = matrix.tile
+        for part in self._wait(self.view.apply_async(engine_side.get_tiles, matrix.uid)):
+            for (i, j), arr in part.items():
+                out[i * t : i * t + arr.shape[0], j * t : j * t + arr.shape[1]] = arr
+
+    def _check_current(self, matrix) -> None:
+        if getattr(matrix, "generation", self.generation) != self.generation:
+            raise RunError(
+                f"matrix {matrix.name} was made before the cluster restarted; make it again"
+            )
+
+    def _wait(self, ar, timeout: float | None = None):
+        """The result of an AsyncResult, failing (not hanging) if an engine dies."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not ar.ready():
+            ar.wait(0.2)
+            if not ar.ready() and not self.alive():
+                raise RunError(self._dead_message())
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from the engines within {timeout} s")
+        return ar.get()
+
+    def _dead_message(self) -> str:
+        live = set(self.client.ids) if self.client is not None else set()
+        dead = [
+            f"rank {r} (engine {e}, pid {self.infos[r]['pid']} on {self.infos[r]['host']})"
+            for r, e in enumerate(self.engine_ids)
+            if e not in live
+        ]
+        return (
+            f"lost {', '.join(dead) or 'the connection to the engines'}: the MPI world is "
+            "broken; cluster.restart() starts fresh engines"
+        )
+
+    def compile(self, dtypes=("float64", "float32")) -> float:
+        """Compile the built-in kernels on every engine now; the slowest engine's seconds."""
+        return max(self._wait(self.view.apply_async(engine_side.compile_kernels, dtypes)))
+
+    def fetch(self, run_id: str, task: int, rank: int):
+        return self._wait(
+            self.client[self.engine_ids[rank]].apply_async(engine_side.result, run_id, task)
+        )
+
+    # -- runs ------------------------------------------------------------------------
+
+    def run(
+        self,
+        graph: Graph,
+        *,
+        workers: int | None = None,
+        blas_threads: int | None = None,
+        plan: Plan | None = None,
+    ) -> EngineRun:
+        """Plan here, send graph and plan to every engine in one message; returns at once."""
+        if self.client is None:
+            raise RunError("the cluster is closed")
+        for m in graph.matrices():
+            self._check_current(m)
+        return EngineRun(
+            self, graph, workers or self.workers, blas_threads or self.blas_threads, plan
+        )
+
+
+def check_one_world(ids: list[int], infos: list[dict], token: str) -> None:
+    """Engines must form one MPI world: sizes n, ranks 0..n-1, rank 0's token everywhere."""
+    n = len(ids)
+    sizes = sorted({info["size"] for info in infos})
+    ranks = sorted(info["rank"] for info in infos)
+    if sizes != [n] or ranks != list(range(n)) or any(i["token"] != token for i in infos):
+        detail = ", ".join(
+            f"engine {e}: rank {i['rank']} of {i['size']}" for e, i in zip(ids, infos)
+        )
+        raise RunError(
+            f"the {n} engines are not one MPI world ({detail}): start them together with "
+            "mpiexec, e.g. `ipcluster start --engines=mpi -n N`"
+        )
+
+
+def _forget(cluster_ref, uid: int) -> None:
+    cluster = cluster_ref()
+    if cluster is None or getattr(cluster, "client", None) is None:
+        return
+    try:
+        cluster.view.apply_async(engine_side.forget_matrix, uid)
+    except Exception:  # noqa: BLE001 - a closed cluster has nothing to forget
+        pass
+
+
+class EngineRun:
+    """A graph running on the engines; returned at once by :meth:`EngineCluster.run`."""
+
+    def __init__(self, cluster: EngineCluster, graph: Graph, workers, blas_threads, plan):
+        self.cluster = cluster
+        self.graph = graph
+        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
+        self.id = uuid.uuid4().hex[:12]
+        graph.results.clear()
+        graph.result_ranks.clear()
+        graph.result_ranks.update(
+            (t.id, self.plan.placement[t.id]) for t in graph.tasks if not hasattr(t.fn, "modes")
+        )
+        graph.fetch = self._fetch
+        payload = cloudpickle.dumps((self.plan, workers, blas_threads))
+        self.payload_bytes = len(payload)
+        self.t0 = time.perf_counter()
+        self.ar = cluster.view.apply_async(engine_side.run_graph, payload, self.id)
+        self._seen: list[set[str]] = [set() for _ in range(cluster.size)]
+        self.summaries: list[dict] | None = None
+        self.seconds = 0.0
+        self.compile_seconds = 0.0
+        self.wall_seconds = 0.0
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<Run {self.graph.name!r} on {self.cluster.size} engines: {state}>"
+
+    def done(self) -> bool:
+        return self.ar.ready()
+
+    def wait(self, timeout: float | None = None) -> EngineRun:
+        """Block until the run ends everywhere; raise its error (TaskError, RunError)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self.ar.ready():
+                self.ar.wait(0.2)
+                if not self.ar.ready() and not self.cluster.alive():
+                    raise RunError(self.cluster._dead_message())
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run of {self.graph.name!r} still going after {timeout} s")
+        except KeyboardInterrupt:
+            self.cancel()
+            try:
+                self.ar.wait(10)
+            finally:
+                raise
+        self._conclude()
+        return self
+
+    def _conclude(self) -> None:
+        if self.summaries is not None:
+            return
+        try:
+            self.summaries = self.ar.get()
+        except Exception as exc:  # an engine died or the engine function failed
+            if not self.cluster.alive():
+                raise RunError(self.cluster._dead_message()) from exc
+            raise
+        self.wall_seconds = time.perf_counter() - self.t0
+        self.seconds = max(s["seconds"] for s in self.summaries)
+        self.compile_seconds = max(s["compile_seconds"] for s in self.summaries)
+        errors = [s["error"] for s in self.summaries if s["error"] is not None]
+        if errors:
+            err = errors[0]
+            cause = RemoteTraceback(err.traceback) if isinstance(err, TaskError) else None
+            raise err from cause
+
+    def cancel(self) -> None:
+        """Stop the run on every engine (a SIGINT each); ``wait()`` then raises."""
+        if not self.ar.ready():
+            self.cluster.client.send_signal(signal.SIGINT, targets=self.cluster.engine_ids)
+
+    def result(self, future=None):
+        """Wait, then the value of ``future`` (or of the graph's only result)."""
+        self.wait()
+        if future is None:
+            sinks = [t for t in self.graph.result_ranks if not self._has_successor(t)]
+            if len(sinks) != 1:
+                raise RunError(f"the graph has {len(sinks)} results: name the future you want")
+            return self.graph.result(sinks[0])
+        return future.result()
+
+    def _has_successor(self, tid: int) -> bool:
+        return any(tid in t.preds for t in self.graph.tasks)
+
+    def _fetch(self, tid: int):
+        if self.summaries is None:
+            self.wait()
+        return self.cluster.fetch(self.id, tid, self.graph.result_ranks[tid])
+
+    # -- live events -----------------------------------------------------------------
+
+    def batches(self) -> list[dict]:
+        """Progress and event batches that arrived since the last call, in order."""
+        data = self.ar.data
+        if isinstance(data, dict):  # a single engine
+            data = [data]
+        out = []
+        for rank, per_engine in enumerate(data):
+            for key in sorted(per_engine):
+                if key.startswith("b") and key not in self._seen[rank]:
+                    self._seen[rank].add(key)
+                    out.append(per_engine[key])
+        return out
+
+    def progress(self) -> tuple[int, int]:
+        """(tasks done, tasks in all) over every rank, from the latest batches."""
+        latest: dict[int, tuple[int, int]] = {}
+        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
+        for per_engine in data:
+            for key in sorted(per_engine):
+                b = per_engine[key]
+                latest[b["rank"]] = (b["done"], b["total"])
+        return sum(d for d, _ in latest.values()), self.graph.ntasks
+
+
+__all__ = ["EngineCluster", "EngineRun", "check_one_world"]
