@@ -73,6 +73,7 @@ class Run:
         self._error: BaseException | None = None
         self._executor: Executor | None = None
         self._started = threading.Event()
+        self._finished = threading.Event()  # waited on, not join(): see join()
         self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
         self._thread.start()
 
@@ -101,13 +102,18 @@ class Run:
             self._error = exc
         finally:
             self._started.set()
+            self._finished.set()
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._finished.is_set()
 
-    def join(self, timeout: float | None = None) -> None:
-        """Wait up to ``timeout`` seconds for the run to end, without raising its error."""
-        self._thread.join(timeout)
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the run to end, without raising its error.
+
+        An Event, not ``Thread.join``: a KeyboardInterrupt that lands in
+        ``Thread.join`` can leave the thread looking finished while it still runs.
+        """
+        return self._finished.wait(timeout)
 
     @property
     def executor(self) -> Executor | None:
@@ -116,12 +122,12 @@ class Run:
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends; raise its error if it failed on any rank."""
         try:
-            self._thread.join(timeout)
+            self.join(timeout)
         except KeyboardInterrupt:
             self.cancel("interrupted (KeyboardInterrupt)")
-            self._thread.join()
+            self.join()
             raise
-        if self._thread.is_alive():
+        if not self.done():
             raise TimeoutError(f"run of {self.graph.name!r} still going after {timeout} s")
         if self._error is not None:
             raise self._error
