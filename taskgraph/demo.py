@@ -35,6 +35,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tile", type=int, default=512, help="tile size (default 512)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="factorise this many fresh "
+        "matrices in the same processes and report the fastest (default 1)",
+    )
     p.add_argument("--no-check", action="store_true", help="skip the residual check")
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument(
@@ -57,9 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     threads = cluster.size * cluster.workers
     cluster.barrier()
     peak = gemm_peak(min(threads, config.cores()), dtype) if cluster.rank == 0 else 0.0
-    cluster.barrier()
-    run = cluster.run(graph).wait()
-    seconds = max(cluster.world.allgather(run.seconds))
+    seconds = float("inf")
+    for attempt in range(max(1, args.repeat)):
+        if attempt:  # a fresh matrix: the factor is overwritten in place
+            A = TiledMatrix.random_spd(args.n, args.tile, dtype, seed=args.seed, cluster=cluster)
+            graph = cholesky(A)
+        cluster.barrier()
+        run = cluster.run(graph).wait()
+        seconds = min(seconds, max(cluster.world.allgather(run.seconds)))
     residual = None
     factor = A.gather(root=0) if not args.no_check else None
     if cluster.rank != 0:
@@ -82,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "fraction_of_peak": round(gflops / peak, 3),
         "residual": residual,
         "compile_seconds": round(compile_s, 2),
+        "repeats": max(1, args.repeat),
         "machine": describe(),
     }
     ok = residual is None or residual < TOLERANCE[args.dtype]
