@@ -26,6 +26,7 @@ from .graph import Future, Graph, TaskRef, task
 from .kernel import Kernel, kernel
 from .plan import Plan, RankPlan, make_plan
 from .tiled import Tile, TiledMatrix
+from .trace import Trace, TraceError
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,8 @@ __all__ = [
     "TaskgraphError",
     "Tile",
     "TiledMatrix",
+    "Trace",
+    "TraceError",
     "compile_kernels",
     "current_cluster",
     "kernel",

@@ -26,6 +26,7 @@ from .errors import RunError
 from .executor import BufferPool, Executor, Stats
 from .graph import Graph
 from .plan import Plan, make_plan
+from .trace import Trace
 
 _compiled: set[tuple[int, str]] = set()
 _compile_lock = threading.Lock()
@@ -56,8 +57,10 @@ class Run:
         workers: int,
         blas_threads: int,
         plan: Plan | None = None,
+        trace: bool = True,
     ):
         self.cluster = cluster
+        self.tracing = trace
         self.graph = graph
         self.workers = workers
         self.blas_threads = blas_threads
@@ -74,6 +77,8 @@ class Run:
         self._executor: Executor | None = None
         self._started = threading.Event()
         self._finished = threading.Event()  # waited on, not join(): see join()
+        self._cursor = (0, 0)
+        self._trace: Trace | None = None
         self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
         self._thread.start()
 
@@ -89,6 +94,7 @@ class Run:
                     self.cluster.world.network(),
                     self.workers,
                     self.cluster.pool,
+                    self.tracing,
                 )
                 self._executor = ex
                 self._started.set()
@@ -106,6 +112,38 @@ class Run:
 
     def done(self) -> bool:
         return self._finished.is_set()
+
+    def batches(self) -> list[dict]:
+        """This rank's events since the last call (the notebook view polls these)."""
+        ex = self._executor
+        if ex is None:
+            return []
+        batch, self._cursor = ex.trace.batch(self._cursor)
+        done, total = ex.progress()
+        batch.update(done=done, total=total, elapsed=ex.trace.now(), final=self.done())
+        return [batch]
+
+    @property
+    def trace(self) -> Trace:
+        """The run's events, merged over every rank on rank 0 (this rank's elsewhere)."""
+        self.join()
+        if self._trace is None:
+            trace = Trace.for_graph(self.graph, self.cluster.size)
+            ex = self._executor
+            parts = ex.trace_parts if ex is not None else None
+            if parts is None and ex is not None:
+                parts = [ex.trace.batch()[0]]
+            for part in parts or []:
+                trace.ingest(part)
+            trace.finish(str(self._error) if self._error is not None else None)
+            self._trace = trace
+        return self._trace
+
+    def show(self, **kwargs):
+        """Live view: a widget in a notebook, a progress line and trace files elsewhere."""
+        from .widgets import show
+
+        return show(self, **kwargs)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for the run to end, without raising its error.
@@ -200,8 +238,12 @@ class Cluster:
         workers: int | None = None,
         blas_threads: int | None = None,
         plan: Plan | None = None,
+        trace: bool = True,
     ):
-        """Plan ``graph`` and start running it; returns a run handle at once."""
+        """Plan ``graph`` and start running it; returns a run handle at once.
+
+        ``trace=False`` records no events (tracing is on by default: it is cheap).
+        """
         raise NotImplementedError
 
     def gather_tiles(self, matrix, out, root) -> None:
@@ -248,9 +290,12 @@ class JobCluster(Cluster):
         workers: int | None = None,
         blas_threads: int | None = None,
         plan: Plan | None = None,
+        trace: bool = True,
     ) -> Run:
         """Plan ``graph`` and start running it; returns a :class:`Run` at once."""
-        return Run(self, graph, workers or self.workers, blas_threads or self.blas_threads, plan)
+        return Run(
+            self, graph, workers or self.workers, blas_threads or self.blas_threads, plan, trace
+        )
 
     def barrier(self) -> None:
         self.world.barrier()

@@ -67,7 +67,18 @@ class Network:
     def barrier_done(self) -> bool:
         return True
 
+    def barrier(self) -> None:
+        """Wait for every rank, sleeping meanwhile."""
+        self.barrier_start()
+        sleep = 1e-5
+        while not self.barrier_done():
+            time.sleep(sleep)
+            sleep = min(1e-3, sleep * 2)
+
     def allgather(self, obj) -> list:
+        return [obj]
+
+    def gather(self, obj, root: int = 0) -> list | None:
         return [obj]
 
     def close(self) -> None:
@@ -135,6 +146,9 @@ class MPINetwork(Network):
 
     def allgather(self, obj):
         return self.comm.allgather(obj)
+
+    def gather(self, obj, root: int = 0):
+        return self.comm.gather(obj, root)
 
     def close(self):
         try:

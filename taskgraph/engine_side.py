@@ -90,9 +90,11 @@ def compile_kernels(dtypes=("float64", "float32")) -> float:
 
 def run_graph(payload: bytes, run_id: str, interval: float = 0.25) -> dict:
     """Run this rank's share of a planned graph; publish progress while it runs."""
-    plan, workers, blas_threads = cloudpickle.loads(payload)
+    plan, workers, blas_threads, trace = cloudpickle.loads(payload)
     cluster = current_cluster()
-    run = cluster.run(plan.graph, workers=workers, blas_threads=blas_threads, plan=plan)
+    run = cluster.run(
+        plan.graph, workers=workers, blas_threads=blas_threads, plan=plan, trace=trace
+    )
     publish = _publisher()
     seq, cursor = 0, (0, 0)
     t0 = time.perf_counter()
@@ -137,21 +139,11 @@ def _publish_batch(publish, run, seq: int, cursor, t0: float, final: bool = Fals
     ex = run.executor
     if publish is None or ex is None:
         return seq, cursor
-    events, cursor = ex.trace.batch(cursor)
+    batch, cursor = ex.trace.batch(cursor)
     done, total = ex.progress()
     seq += 1
-    publish(
-        {
-            f"b{seq:06d}": {
-                "rank": ex.net.rank,
-                "done": done,
-                "total": total,
-                "elapsed": time.perf_counter() - t0,
-                "final": final,
-                "events": events,
-            }
-        }
-    )
+    batch.update(done=done, total=total, elapsed=time.perf_counter() - t0, final=final)
+    publish({f"b{seq:06d}": batch})
     return seq, cursor
 
 

@@ -37,6 +37,7 @@ from .errors import RemoteTraceback, RunError, TaskError
 from .graph import Graph
 from .launch import launcher_flavour
 from .plan import Plan, make_plan
+from .trace import Trace
 
 _remote_uids = itertools.count(1)
 
@@ -275,6 +276,7 @@ class EngineCluster(Cluster):
         workers: int | None = None,
         blas_threads: int | None = None,
         plan: Plan | None = None,
+        trace: bool = True,
     ) -> EngineRun:
         """Plan here, send graph and plan to every engine in one message; returns at once."""
         if self.client is None:
@@ -282,7 +284,7 @@ class EngineCluster(Cluster):
         for m in graph.matrices():
             self._check_current(m)
         return EngineRun(
-            self, graph, workers or self.workers, blas_threads or self.blas_threads, plan
+            self, graph, workers or self.workers, blas_threads or self.blas_threads, plan, trace
         )
 
 
@@ -314,7 +316,9 @@ def _forget(cluster_ref, uid: int) -> None:
 class EngineRun:
     """A graph running on the engines; returned at once by :meth:`EngineCluster.run`."""
 
-    def __init__(self, cluster: EngineCluster, graph: Graph, workers, blas_threads, plan):
+    def __init__(
+        self, cluster: EngineCluster, graph: Graph, workers, blas_threads, plan, trace=True
+    ):
         self.cluster = cluster
         self.graph = graph
         self.plan = plan if plan is not None else make_plan(graph, cluster.size)
@@ -325,11 +329,13 @@ class EngineRun:
             (t.id, self.plan.placement[t.id]) for t in graph.tasks if not hasattr(t.fn, "modes")
         )
         graph.fetch = self._fetch
-        payload = cloudpickle.dumps((self.plan, workers, blas_threads))
+        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace))
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
         self.ar = cluster.view.apply_async(engine_side.run_graph, payload, self.id)
         self._seen: list[set[str]] = [set() for _ in range(cluster.size)]
+        self._kept: list[dict] = []  # every batch, for the trace
+        self._trace: Trace | None = None
         self.summaries: list[dict] | None = None
         self.seconds = 0.0
         self.compile_seconds = 0.0
@@ -415,7 +421,32 @@ class EngineRun:
                 if key.startswith("b") and key not in self._seen[rank]:
                     self._seen[rank].add(key)
                     out.append(per_engine[key])
+        self._kept += out
         return out
+
+    @property
+    def trace(self) -> Trace:
+        """Every rank's events of this run, merged (waits for the run to end)."""
+        if self._trace is None:
+            error = None
+            try:
+                self.wait()
+            except (TaskError, RunError) as exc:
+                error = str(exc)
+            self.ar.wait_for_output(10)
+            self.batches()
+            trace = Trace.for_graph(self.graph, self.cluster.size)
+            for batch in self._kept:
+                trace.ingest(batch)
+            trace.finish(error)
+            self._trace = trace
+        return self._trace
+
+    def show(self, **kwargs):
+        """The live widget in a notebook (a progress line elsewhere)."""
+        from .widgets import show
+
+        return show(self, **kwargs)
 
     def progress(self) -> tuple[int, int]:
         """(tasks done, tasks in all) over every rank, from the latest batches."""

@@ -119,7 +119,9 @@ class Executor:
         self.pool = pool if pool is not None else BufferPool()
         self.stats = Stats()
         nsends = sum(len(v) for v in plan.sends.values())
-        self.trace = Recorder(len(plan.tasks), nsends + len(plan.recvs), enabled=trace)
+        self.trace = Recorder(
+            len(plan.tasks), nsends + len(plan.recvs), trace, self.nworkers, network.rank
+        )
         self.max_sends = config.max_sends()
         self.recv_budget = config.recv_budget()
         self.poll_max = config.poll_max()
@@ -137,11 +139,13 @@ class Executor:
         self.received: dict[tuple[int, int], object] = {}  # (data, producer) -> buffer
         self.refs: dict[tuple[int, int], int] = {}  # readers left per received buffer
         self._running = 0
+        self.recvs_left = len(plan.recvs)
         self.pickled: dict[int, bytes] = {}
         self._pickle_here = {
             t for t, msgs in plan.sends.items() if any(m.kind == "value" for m in msgs)
         }
         self.exception: BaseException | None = None
+        self.trace_parts: list | None = None
         for t in plan.tasks:
             if self.waits[t] == 0:
                 self._make_ready(t)
@@ -176,8 +180,12 @@ class Executor:
             while True:
                 if not self.ready and not self.stopping:
                     self.wake.set()  # going idle: the progress thread should poll sooner
-                while not self.ready and not self.stopping:
-                    lock.wait()
+                    # waiting on the network if a task here still needs a message
+                    on_network = self.recvs_left > 0
+                    t_idle = now()
+                    while not self.ready and not self.stopping:
+                        lock.wait()
+                    self.trace.waited(index, now() - t_idle, on_network)
                 if self.stopping:
                     return
                 _, t = heapq.heappop(self.ready)
@@ -297,6 +305,9 @@ class Executor:
     def run(self) -> None:
         """Run this rank's tasks; raise TaskError if any rank failed."""
         t0 = time.perf_counter()
+        if self.net.size > 1:
+            self.net.barrier()  # line the ranks' clocks up
+        self.trace.start()
         threads = [
             threading.Thread(
                 target=self._worker, args=(i,), name=f"taskgraph-worker-{i}", daemon=True
@@ -316,6 +327,7 @@ class Executor:
                 self.lock.notify_all()
             for th in threads:
                 th.join()
+        self.trace.wall = self.trace.now()
         self._conclude()
         self.stats.tasks = self.done
         self.stats.seconds = time.perf_counter() - t0
@@ -330,7 +342,6 @@ class Executor:
         self.recvs_active: list = []
         self.recvs_active_msgs: list[tuple[Message, np.ndarray | bytearray, float]] = []
         self.posted_bytes = 0
-        self.recvs_left = len(self.plan.recvs)
         ntasks = len(self.plan.tasks)
         sleep = 0.0
         while True:
@@ -511,6 +522,8 @@ class Executor:
             outcomes = net.allgather(failure if failure and failure.get("origin") else None)
             origins = [o for o in outcomes if o is not None]
             failure = origins[0] if origins else failure
+        if self.trace.enabled:  # every rank's events, on rank 0 (failed runs too)
+            self.trace_parts = net.gather(self.trace.batch()[0], 0)
         results: dict[int, object] = dict(self.values)  # made here, and every sink
         if failure is None:
             mine = {t: self.values[t] for t in self.plan.results if t in self.values}

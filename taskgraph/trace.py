@@ -14,7 +14,9 @@ Message rows: peer, bytes, tag, posted, completed, direction (+1 sent, -1 receiv
 
 from __future__ import annotations
 
+import graphlib
 import time
+from typing import Any
 
 import numpy as np
 
@@ -24,10 +26,16 @@ TASK_DONE, TASK_FAILED = 1, 2
 class Recorder:
     """Preallocated task and message events of one rank in one run."""
 
-    def __init__(self, ntasks: int, nmessages: int, enabled: bool = True):
+    def __init__(
+        self, ntasks: int, nmessages: int, enabled: bool = True, workers: int = 1, rank: int = 0
+    ):
         self.enabled = enabled
-        self.t0 = time.perf_counter()
-        self.epoch = time.time()  # wall clock at t0, to line ranks up
+        self.rank = rank
+        self.workers = workers
+        self.start()
+        # seconds each worker spent waiting: [waiting on communication, idle]
+        self.waits = np.zeros((workers, 2))
+        self.wall = 0.0  # the run's duration on this rank, set at the end
         n = ntasks if enabled else 0
         m = nmessages if enabled else 0
         self.task_id = np.full(n, -1, np.int64)
@@ -44,8 +52,17 @@ class Recorder:
         self.msg_dir = np.zeros(m, np.int8)
         self.nmsgs = 0
 
+    def start(self) -> None:
+        """Time zero: called right after the ranks leave a barrier, so they line up."""
+        self.t0 = time.perf_counter()
+        self.epoch = time.time()
+
     def now(self) -> float:
         return time.perf_counter() - self.t0
+
+    def waited(self, worker: int, seconds: float, on_network: bool) -> None:
+        """A worker waited for work (called with the executor's lock held)."""
+        self.waits[worker, 0 if on_network else 1] += seconds
 
     def task(self, tid: int, worker: int, start: float, end: float, state: int) -> None:
         """A task ended (called with the executor's lock held)."""
@@ -76,7 +93,7 @@ class Recorder:
         """Events recorded since ``cursor``, as plain lists, and the new cursor."""
         t, m = self.ntasks, self.nmsgs
         ct, cm = cursor
-        out = {
+        events: dict[str, Any] = {
             "tasks": {
                 "id": self.task_id[ct:t].tolist(),
                 "worker": self.task_worker[ct:t].tolist(),
@@ -93,4 +110,406 @@ class Recorder:
                 "dir": self.msg_dir[cm:m].tolist(),
             },
         }
+        out = {
+            "rank": self.rank,
+            "workers": self.workers,
+            "waits": self.waits.tolist(),
+            "wall": self.wall or self.now(),
+            "events": events,
+        }
         return out, (t, m)
+
+
+# -- the merged trace of a run -------------------------------------------------------
+
+FORMAT = "taskgraph-trace/1"
+NETWORK_TID = 1000  # the Chrome "thread" of a rank's network events
+
+
+class TraceError(ValueError):
+    """A trace file is missing or is not a taskgraph trace."""
+
+
+class Trace:
+    """Every rank's events of one run, merged; built live from batches or loaded.
+
+    ``ingest(batch)`` takes the batches ranks publish (see :meth:`Recorder.batch`);
+    ``state()`` is what the widget draws; ``summary()`` the figures as data;
+    ``to_chrome(path)`` / ``Trace.load(path)`` write and read it back.
+    """
+
+    def __init__(
+        self,
+        title: str,
+        nranks: int,
+        labels: list[str],
+        kernel_of: list[int],
+        kernels: list[str],
+        preds: list[list[int]] | None = None,
+    ):
+        self.title = title
+        self.nranks = nranks
+        self.labels = labels
+        self.kernel_of = kernel_of
+        self.kernels = kernels
+        self.preds = preds
+        self.tasks: list[list] = []  # [rank, worker, start, end, kernel, task, state]
+        self.messages: list[list] = []  # [src, dst, bytes, tag, posted, done]
+        self._half: dict[tuple, list] = {}  # one side of a message seen so far
+        self.sent = np.zeros((nranks, nranks), np.int64)
+        self.sent_count = np.zeros((nranks, nranks), np.int64)
+        self.workers = [0] * nranks
+        self.waits = [[[0.0, 0.0]] for _ in range(nranks)]
+        self.wall = [0.0] * nranks
+        self.kernel_done = [0] * len(kernels)
+        self.kernel_seconds = [0.0] * len(kernels)
+        self.kernel_total = [0] * len(kernels)
+        for k in kernel_of:
+            self.kernel_total[k] += 1
+        self.status = "empty" if not labels else "running"
+        self.error: str | None = None
+        self.elapsed = 0.0
+        self.critical: dict = {"length": 0.0, "makespan": 0.0, "tasks": []}
+
+    @classmethod
+    def for_graph(cls, graph, nranks: int) -> Trace:
+        kernels: dict[str, int] = {}
+        kernel_of = [kernels.setdefault(t.name, len(kernels)) for t in graph.tasks]
+        labels = [graph.label(t.id) for t in graph.tasks]
+        preds = [list(t.preds) for t in graph.tasks]
+        return cls(graph.name, nranks, labels, kernel_of, list(kernels), preds)
+
+    # -- building ----------------------------------------------------------------------
+
+    def ingest(self, batch: dict) -> tuple[list[list], list[list]]:
+        """Add one rank's batch; returns the new task rows and message rows."""
+        rank = batch["rank"]
+        self.workers[rank] = batch["workers"]
+        self.waits[rank] = batch["waits"]
+        self.wall[rank] = batch["wall"]
+        self.elapsed = max(self.elapsed, batch.get("elapsed", batch["wall"]))
+        ev = batch["events"]["tasks"]
+        rows = []
+        for tid, w, s, e, st in zip(ev["id"], ev["worker"], ev["start"], ev["end"], ev["state"]):
+            k = self.kernel_of[tid]
+            rows.append([rank, w, s, e, k, tid, st])
+            if st == TASK_DONE:
+                self.kernel_done[k] += 1
+                self.kernel_seconds[k] += e - s
+        self.tasks += rows
+        msgs = []
+        m = batch["events"]["messages"]
+        for peer, nbytes, tag, posted, done, d in zip(
+            m["peer"], m["bytes"], m["tag"], m["posted"], m["done"], m["dir"]
+        ):
+            src, dst = (rank, peer) if d > 0 else (peer, rank)
+            if d > 0:
+                self.sent[src, dst] += nbytes
+                self.sent_count[src, dst] += 1
+            key = (src, dst, tag)
+            other = self._half.pop(key, None)
+            if other is None:
+                self._half[key] = [d, posted, done, nbytes]
+                continue
+            send, recv = ((posted, done), other[1:3]) if d > 0 else (other[1:3], (posted, done))
+            row = [src, dst, nbytes, tag, send[0], recv[1]]
+            msgs.append(row)
+        self.messages += msgs
+        return rows, msgs
+
+    def finish(self, error: str | None = None) -> None:
+        """The run ended (well, or with ``error``): settle status and critical path."""
+        if error is not None:
+            self.status, self.error = "failed", error
+        elif self.labels:
+            self.status = "done"
+        self.critical = self._critical_path()
+
+    def _critical_path(self) -> dict:
+        makespan = self.makespan
+        if not self.tasks or self.preds is None:
+            return {"length": 0.0, "makespan": makespan, "tasks": []}
+        dur = {row[5]: row[3] - row[2] for row in self.tasks if row[6] == TASK_DONE}
+        best: dict[int, float] = {}
+        via: dict[int, int] = {}
+        preds = self.preds
+        order = graphlib.TopologicalSorter({t: [p for p in preds[t] if p in dur] for t in dur})
+        for t in order.static_order():
+            prev = [p for p in preds[t] if p in best]
+            p = max(prev, key=lambda q: best[q], default=None)
+            best[t] = dur[t] + (best[p] if p is not None else 0.0)
+            if p is not None:
+                via[t] = p
+        end = max(best, key=lambda t: best[t])
+        path = [end]
+        while path[-1] in via:
+            path.append(via[path[-1]])
+        return {"length": best[end], "makespan": makespan, "tasks": path[::-1]}
+
+    # -- what it shows ------------------------------------------------------------------
+
+    @property
+    def makespan(self) -> float:
+        ends = [row[3] for row in self.tasks]
+        return max(ends + [max(self.wall, default=0.0)], default=0.0)
+
+    def lanes(self) -> list[dict]:
+        return [
+            {"rank": r, "worker": w, "label": f"rank {r} · worker {w}"}
+            for r in range(self.nranks)
+            for w in range(max(1, self.workers[r]))
+        ]
+
+    def utilisation(self) -> list[dict]:
+        """Per rank, seconds (summed over workers) of compute, comm, idle, overhead."""
+        compute = [0.0] * self.nranks
+        for row in self.tasks:
+            compute[row[0]] += row[3] - row[2]
+        out = []
+        for r in range(self.nranks):
+            workers = max(1, self.workers[r])
+            wall = self.wall[r] * workers
+            comm = float(sum(w[0] for w in self.waits[r]))
+            idle = float(sum(w[1] for w in self.waits[r]))
+            overhead = max(0.0, wall - compute[r] - comm - idle)
+            wall = max(wall, compute[r] + comm + idle)
+            out.append(
+                {
+                    "rank": r,
+                    "compute": compute[r],
+                    "comm": comm,
+                    "idle": idle,
+                    "overhead": overhead,
+                    "wall": wall,
+                }
+            )
+        return out
+
+    def progress(self) -> dict:
+        done = sum(self.kernel_done)
+        total = len(self.labels)
+        rate = done / self.elapsed if self.elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 and self.status == "running" else None
+        return {
+            "done": done,
+            "total": total,
+            "percent": 100.0 * done / total if total else 100.0,
+            "elapsed": self.elapsed,
+            "rate": rate,
+            "eta": eta,
+            "kernels": [
+                {"name": n, "done": d, "total": t, "seconds": s}
+                for n, d, t, s in zip(
+                    self.kernels, self.kernel_done, self.kernel_total, self.kernel_seconds
+                )
+            ],
+        }
+
+    def state(self) -> dict:
+        """The widget's state (see taskgraph/static/PROTOCOL.md)."""
+        return {
+            "title": self.title,
+            "status": self.status,
+            "error": self.error,
+            "progress": self.progress(),
+            "lanes": self.lanes(),
+            "kernels": self.kernels,
+            "matrix": {"bytes": self.sent.tolist(), "messages": self.sent_count.tolist()},
+            "util": self.utilisation(),
+            "critical": self.critical,
+            "makespan": self.makespan,
+        }
+
+    def event_rows(self, tasks: list[list], msgs: list[list]) -> dict:
+        """Rows in the protocol's event message form."""
+        lane_of = {}
+        for i, lane in enumerate(self.lanes()):
+            lane_of[lane["rank"], lane["worker"]] = i
+        return {
+            "kind": "events",
+            "tasks": [
+                [lane_of.get((r, w), 0), s, e, k, t, st, self.labels[t]]
+                for r, w, s, e, k, t, st in tasks
+            ],
+            "messages": [[s, d, t0, t1, b] for s, d, b, _tag, t0, t1 in msgs],
+        }
+
+    def summary(self) -> dict:
+        """The figures of the run, as data."""
+        util = self.utilisation()
+        return {
+            "title": self.title,
+            "status": self.status,
+            "error": self.error,
+            "ranks": self.nranks,
+            "tasks": len(self.tasks),
+            "failed_tasks": sum(1 for row in self.tasks if row[6] == TASK_FAILED),
+            "makespan": self.makespan,
+            "critical_path": self.critical["length"],
+            "critical_path_fraction": (
+                self.critical["length"] / self.makespan if self.makespan else 0.0
+            ),
+            "kernels": self.progress()["kernels"],
+            "bytes": self.sent.tolist(),
+            "messages": self.sent_count.tolist(),
+            "utilisation": util,
+        }
+
+    # -- files ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "title": self.title,
+            "nranks": self.nranks,
+            "labels": self.labels,
+            "kernel_of": self.kernel_of,
+            "kernels": self.kernels,
+            "tasks": self.tasks,
+            "messages": self.messages,
+            "sent": self.sent.tolist(),
+            "sent_count": self.sent_count.tolist(),
+            "workers": self.workers,
+            "waits": self.waits,
+            "wall": self.wall,
+            "status": self.status,
+            "error": self.error,
+            "elapsed": self.elapsed,
+            "critical": self.critical,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Trace:
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise TraceError(f"not a taskgraph trace (expected format {FORMAT!r})")
+        try:
+            t = cls(d["title"], d["nranks"], d["labels"], d["kernel_of"], d["kernels"])
+            t.tasks, t.messages = d["tasks"], d["messages"]
+            t.sent = np.asarray(d["sent"], np.int64).reshape(t.nranks, t.nranks)
+            t.sent_count = np.asarray(d["sent_count"], np.int64).reshape(t.nranks, t.nranks)
+            t.workers, t.waits, t.wall = d["workers"], d["waits"], d["wall"]
+            t.status, t.error, t.elapsed = d["status"], d["error"], d["elapsed"]
+            t.critical = d["critical"]
+            for row in t.tasks:
+                if row[6] == TASK_DONE:
+                    t.kernel_done[row[4]] += 1
+                    t.kernel_seconds[row[4]] += row[3] - row[2]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise TraceError(f"malformed taskgraph trace: {type(exc).__name__}: {exc}") from None
+        return t
+
+    def to_chrome(self, path) -> str:
+        """Chrome trace-event JSON (opens in Perfetto), with this trace inside to reload."""
+        import json
+
+        events: list[dict] = []
+        for r in range(self.nranks):
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "process_name",
+                    "pid": r,
+                    "tid": 0,
+                    "args": {"name": f"rank {r}"},
+                }
+            )
+            for w in range(max(1, self.workers[r])):
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": r,
+                        "tid": w,
+                        "args": {"name": f"worker {w}"},
+                    }
+                )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": r,
+                    "tid": NETWORK_TID,
+                    "args": {"name": "network"},
+                }
+            )
+        for r, w, s, e, k, t, st in self.tasks:
+            events.append(
+                {
+                    "ph": "X",
+                    "name": self.labels[t],
+                    "cat": self.kernels[k],
+                    "pid": r,
+                    "tid": w,
+                    "ts": s * 1e6,
+                    "dur": (e - s) * 1e6,
+                    "args": {"task": t, "state": "failed" if st == TASK_FAILED else "done"},
+                }
+            )
+        for i, (s, d, b, tag, t0, t1) in enumerate(self.messages):
+            common = {"cat": "message", "id": i, "args": {"bytes": b, "tag": tag}}
+            events.append(
+                {
+                    "ph": "s",
+                    "name": f"{s}->{d}",
+                    "pid": s,
+                    "tid": NETWORK_TID,
+                    "ts": t0 * 1e6,
+                    **common,
+                }
+            )
+            events.append(
+                {
+                    "ph": "X",
+                    "name": f"send to {d}",
+                    "pid": s,
+                    "tid": NETWORK_TID,
+                    "ts": t0 * 1e6,
+                    "dur": max(1.0, (t1 - t0) * 1e6),
+                    **common,
+                }
+            )
+            events.append(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "name": f"{s}->{d}",
+                    "pid": d,
+                    "tid": NETWORK_TID,
+                    "ts": t1 * 1e6,
+                    **common,
+                }
+            )
+        doc = {"traceEvents": events, "displayTimeUnit": "ms", "taskgraph": self.to_dict()}
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return str(path)
+
+    save = to_chrome
+
+    @classmethod
+    def load(cls, path) -> Trace:
+        """Read a trace written by :meth:`to_chrome` back."""
+        import json
+
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            raise TraceError(f"no trace file at {path}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TraceError(f"{path} is not a readable JSON trace: {exc}") from None
+        if not isinstance(doc, dict) or "taskgraph" not in doc:
+            raise TraceError(f"{path} is JSON but not a taskgraph trace (no 'taskgraph' key)")
+        return cls.from_dict(doc["taskgraph"])
+
+    def to_html(self, path) -> str:
+        """A standalone report (no network needed) with the same views as the widget."""
+        from .report import write_report
+
+        return write_report(self, path)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Trace {self.title!r}: {len(self.tasks)} task events on {self.nranks} ranks, "
+            f"{len(self.messages)} messages, {self.status}>"
+        )

@@ -1,0 +1,188 @@
+"""Traces: recorded on every rank, merged, summarised, exported and read back."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import taskgraph as tg
+from taskgraph.linalg import cholesky
+from taskgraph.trace import TASK_DONE, TASK_FAILED, Recorder, Trace, TraceError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_recorder_batches_hand_out_each_event_once():
+    rec = Recorder(ntasks=3, nmessages=2, workers=2, rank=1)
+    rec.task(7, 0, 0.0, 0.5, TASK_DONE)
+    first, cursor = rec.batch()
+    rec.task(8, 1, 0.1, 0.2, TASK_FAILED)
+    rec.message(0, 4096, 3, 0.05, +1)
+    second, cursor = rec.batch(cursor)
+    third, _ = rec.batch(cursor)
+    assert first["events"]["tasks"]["id"] == [7] and second["events"]["tasks"]["id"] == [8]
+    assert second["events"]["tasks"]["state"] == [TASK_FAILED]
+    assert second["events"]["messages"]["bytes"] == [4096]
+    assert third["events"]["tasks"]["id"] == []
+    assert first["rank"] == 1 and first["workers"] == 2 and len(first["waits"]) == 2
+
+
+def test_a_disabled_recorder_records_nothing():
+    rec = Recorder(ntasks=3, nmessages=2, enabled=False)
+    rec.task(1, 0, 0.0, 1.0, TASK_DONE)
+    assert rec.batch()[0]["events"]["tasks"]["id"] == []
+
+
+def two_rank_trace() -> Trace:
+    """Two ranks, one worker each; task 0 on rank 0 sends a tile to task 1 on rank 1::
+
+    rank 0:  [t0 0.0-1.0]  ---4 KiB, tag 1--->  rank 1:  [t1 1.2-2.0]
+    """
+    tr = Trace("demo", 2, ["a(A[0,0])", "b(A[1,0])"], [0, 1], ["a", "b"], [[], [0]])
+
+    def batch(rank, tasks, messages, wall, waits):
+        ids, starts, ends = zip(*tasks) if tasks else ((), (), ())
+        peer, nbytes, tag, posted, done, d = zip(*messages) if messages else [()] * 6
+        return {
+            "rank": rank,
+            "workers": 1,
+            "waits": waits,
+            "wall": wall,
+            "events": {
+                "tasks": {
+                    "id": list(ids),
+                    "worker": [0] * len(ids),
+                    "start": list(starts),
+                    "end": list(ends),
+                    "state": [TASK_DONE] * len(ids),
+                },
+                "messages": {
+                    "peer": list(peer),
+                    "bytes": list(nbytes),
+                    "tag": list(tag),
+                    "posted": list(posted),
+                    "done": list(done),
+                    "dir": list(d),
+                },
+            },
+        }
+
+    tr.ingest(batch(0, [(0, 0.0, 1.0)], [(1, 4096, 1, 1.0, 1.1, +1)], 2.0, [[0.0, 0.9]]))
+    tr.ingest(batch(1, [(1, 1.2, 2.0)], [(0, 4096, 1, 0.0, 1.15, -1)], 2.0, [[1.1, 0.0]]))
+    tr.finish()
+    return tr
+
+
+def test_merge_matches_both_ends_of_a_message():
+    tr = two_rank_trace()
+    assert tr.messages == [[0, 1, 4096, 1, 1.0, 1.15]]  # sender's post, receiver's arrival
+    assert tr.sent.tolist() == [[0, 4096], [0, 0]]
+    assert tr.sent_count.tolist() == [[0, 1], [0, 0]]
+
+
+def test_summary_utilisation_adds_up_to_wall_time():
+    s = two_rank_trace().summary()
+    for u in s["utilisation"]:
+        parts = u["compute"] + u["comm"] + u["idle"] + u["overhead"]
+        assert parts == pytest.approx(u["wall"])
+    r0, r1 = s["utilisation"]
+    assert r0["compute"] == pytest.approx(1.0) and r0["idle"] == pytest.approx(0.9)
+    assert r1["comm"] == pytest.approx(1.1) and r1["compute"] == pytest.approx(0.8)
+    assert s["makespan"] == pytest.approx(2.0)
+    assert s["critical_path"] == pytest.approx(1.8) and s["status"] == "done"
+
+
+def test_critical_path_follows_measured_durations():
+    """Diamond: 0 -> {1 (long), 2 (short)} -> 3; the path goes through 1."""
+    tr = Trace("d", 1, ["t0", "t1", "t2", "t3"], [0] * 4, ["k"], [[], [0], [0], [1, 2]])
+    tr.tasks = [
+        [0, 0, 0.0, 1.0, 0, 0, 1],
+        [0, 0, 1.0, 4.0, 0, 1, 1],
+        [0, 1, 1.0, 1.5, 0, 2, 1],
+        [0, 0, 4.0, 5.0, 0, 3, 1],
+    ]
+    tr.finish()
+    assert tr.critical["tasks"] == [0, 1, 3] and tr.critical["length"] == pytest.approx(5.0)
+
+
+def test_chrome_export_and_load_round_trip(tmp_path):
+    tr = two_rank_trace()
+    path = tr.to_chrome(tmp_path / "t.json")
+    with open(path) as f:
+        doc = json.load(f)
+    phases = {e["ph"] for e in doc["traceEvents"]}
+    assert {"X", "M", "s", "f"} <= phases, "tasks, names and message flows"
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert {"rank 0", "rank 1", "worker 0", "network"} <= names
+    tasks = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") != "message"]
+    assert [(e["pid"], e["name"]) for e in tasks] == [(0, "a(A[0,0])"), (1, "b(A[1,0])")]
+    back = Trace.load(path)
+    assert back.summary() == tr.summary()
+
+
+def test_load_rejects_missing_and_malformed_files(tmp_path):
+    with pytest.raises(TraceError, match="no trace file"):
+        Trace.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TraceError, match="not a readable JSON trace"):
+        Trace.load(bad)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(TraceError, match="not a taskgraph trace"):
+        Trace.load(other)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"taskgraph": {"format": "taskgraph-trace/1", "title": "x"}}))
+    with pytest.raises(TraceError, match="malformed"):
+        Trace.load(broken)
+    assert tg.Trace is Trace
+
+
+def test_a_real_run_is_traced_on_every_worker():
+    A = tg.TiledMatrix.random_spd(1024, 128)
+    g = cholesky(A)
+    run = tg.current_cluster().run(g, workers=2).wait()
+    tr = run.trace
+    assert len(tr.tasks) == g.ntasks and tr.status == "done"
+    assert sorted(row[5] for row in tr.tasks) == list(range(g.ntasks))
+    assert {row[1] for row in tr.tasks} == {0, 1}, "both workers ran tasks"
+    for row in tr.tasks:
+        assert 0 <= row[2] <= row[3] <= tr.makespan + 1e-6
+    u = tr.utilisation()[0]
+    assert u["compute"] > 0 and u["wall"] == pytest.approx(2 * tr.wall[0], rel=1e-6)
+    assert 0 < tr.critical["length"] <= tr.makespan + 1e-6
+    assert tr.critical["tasks"][0] == 0, "Cholesky's critical path starts at potrf(A[0,0])"
+
+
+def test_a_failed_run_keeps_its_trace_and_error():
+    @tg.kernel(modes="rw", dims="mn")
+    def fail(t):
+        raise RuntimeError("on purpose")
+
+    A = tg.TiledMatrix.random_spd(256, 128)
+    g = cholesky(A)
+    with g:
+        fail(A[1, 1].rw)
+    run = tg.current_cluster().run(g)
+    with pytest.raises(tg.TaskError):
+        run.wait()
+    tr = run.trace
+    assert tr.status == "failed" and "on purpose" in tr.error
+    assert [row[5] for row in tr.tasks if row[6] == TASK_FAILED] == [g.ntasks - 1]
+
+
+def test_an_empty_graph_has_an_empty_trace():
+    run = tg.current_cluster().run(tg.Graph("nothing")).wait()
+    tr = run.trace
+    assert tr.status == "empty" and tr.tasks == [] and tr.makespan >= 0
+    assert tr.summary()["tasks"] == 0
+
+
+def test_tracing_off_records_nothing_but_runs():
+    A = tg.TiledMatrix.random_spd(256, 128)
+    g = cholesky(A)
+    run = tg.current_cluster().run(g, trace=False).wait()
+    assert run.trace.tasks == [] and run.stats.tasks == g.ntasks == 4
+    assert np.isfinite(run.seconds)
