@@ -113,6 +113,11 @@ class Run:
     def done(self) -> bool:
         return self._finished.is_set()
 
+    def progress(self) -> tuple[int, int]:
+        """(tasks done, tasks) on this rank."""
+        ex = self._executor
+        return ex.progress() if ex is not None else (0, len(self.rank_plan.tasks))
+
     def batches(self) -> list[dict]:
         """This rank's events since the last call (the notebook view polls these)."""
         ex = self._executor

@@ -451,6 +451,8 @@ class EngineRun:
     def progress(self) -> tuple[int, int]:
         """(tasks done, tasks in all) over every rank, from the latest batches."""
         latest: dict[int, tuple[int, int]] = {}
+        if self.summaries is not None:  # the ranks' final counts
+            return sum(s["stats"]["tasks"] for s in self.summaries), self.graph.ntasks
         data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
         for per_engine in data:
             for key in sorted(per_engine):

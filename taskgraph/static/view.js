@@ -499,7 +499,7 @@ export function render({ model, el }) {
   function pick(px, py) { // the task under (px, py), or -1
     const li = Math.floor((py - AXIS_H) / laneH);
     if (li < 0 || li >= store.lanes.length) return -1;
-    const L = store.lanes[li], { x0, x1 } = win(), sc = W_(x1 - x0);
+    const L = store.lanes[li], { x0, x1 } = win(), sc = width / (x1 - x0);
     const t = x0 + px / sc, tol = 3 / sc, S = store.start, E = store.end;
     let j = lowerBound(L.s, L.n, t + tol) - 1, best = -1, bestD = Infinity;
     for (; j >= 0 && L.s[j] >= t - tol - L.maxDur; j--) {
@@ -510,7 +510,6 @@ export function render({ model, el }) {
     }
     return best;
   }
-  function W_(span) { return width / span; }
 
   function showTooltip(px, py) {
     const i = pick(px, py);
@@ -527,7 +526,8 @@ export function render({ model, el }) {
     tooltip.style.display = "block";
     const tw = tooltip.offsetWidth || 200;
     tooltip.style.left = Math.min(px + 14, Math.max(0, width - tw - 4)) + "px";
-    tooltip.style.top = py + 14 + "px";
+    const th = tooltip.offsetHeight || 60, ch = canvas.clientHeight || 0;
+    tooltip.style.top = (py + 14 + th > ch && py - th - 8 >= 0 ? py - th - 8 : py + 14) + "px";
   }
 
   let drag = null;
