@@ -47,13 +47,13 @@ const SEGMENTS = [ // utilisation parts: key, legend text, colour
 
 // ---------------------------------------------------------------- formatting helpers
 
-function fmtTime(s) {
+function fmtTime(s, digits = 2) { // digits: decimals of seconds (more for exact times)
   if (s == null || !isFinite(s)) return "—";
   const a = Math.abs(s);
   if (a === 0) return "0 s";
-  if (a < 1e-3) return (s * 1e6).toFixed(0) + " µs";
-  if (a < 0.1) return (s * 1e3).toFixed(1) + " ms";
-  if (a < 60) return s.toFixed(2) + " s";
+  if (a < 1e-3) return (s * 1e6).toFixed(Math.max(0, digits - 2)) + " µs";
+  if (a < 0.1) return (s * 1e3).toFixed(digits - 1) + " ms";
+  if (a < 60) return s.toFixed(digits) + " s";
   if (a < 3600) return Math.floor(s / 60) + "m " + String(Math.floor(s % 60)).padStart(2, "0") + "s";
   return Math.floor(s / 3600) + "h " + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
 }
@@ -157,7 +157,7 @@ class Store {
 
 // ---------------------------------------------------------------- the view
 
-export function render({ model, el }) {
+function render({ model, el }) {
   let state = model.get("state") || {};
   const store = new Store();
   let view = null; // null: automatic x window; else {x0, x1} seconds
@@ -235,6 +235,7 @@ export function render({ model, el }) {
     errorBox.style.display = st === "failed" ? "" : "none";
     emptyBox.textContent = st === "empty" ? "empty graph: nothing to run" : "";
     emptyBox.style.display = st === "empty" ? "" : "none";
+    for (const sec of [tlSection, mxSection, utSection]) sec.style.display = st === "empty" ? "none" : "";
     renderKernels(p.kernels || []);
     renderLanes();
     renderLegend();
@@ -269,7 +270,7 @@ export function render({ model, el }) {
   function renderLanes() {
     const lanes = laneList(), key = JSON.stringify(lanes);
     const nl = Math.max(1, lanes.length);
-    laneH = nl <= 12 ? 22 : nl <= 32 ? 16 : nl <= 96 ? 11 : 7;
+    laneH = nl <= 8 ? 26 : nl <= 12 ? 22 : nl <= 32 ? 16 : nl <= 96 ? 11 : 7;
     if (key === lanesKey) return;
     lanesKey = key;
     laneCol.textContent = "";
@@ -423,11 +424,11 @@ export function render({ model, el }) {
     // bars: per lane, visible window by binary search, sub-pixel runs merged
     const S = store.start, E = store.end, K = store.kern, ST = store.st;
     const pad = laneH >= 14 ? 2 : 1, failed = [], crit = [];
+    const buckets = PALETTE.map(() => []); // rects (x, y, w) per colour: one fillStyle each
     for (let li = 0; li < store.lanes.length; li++) {
-      const L = store.lanes[li], y = AXIS_H + li * laneH + pad, bh = laneH - 2 * pad;
+      const L = store.lanes[li], y = AXIS_H + li * laneH + pad;
       let j = lowerBound(L.s, L.n, x0 - L.maxDur);
       let rx0 = 0, rx1 = -1, rc = -1; // the pending run
-      const flush = () => { if (rc >= 0) { ctx.fillStyle = kernelColour(rc); ctx.fillRect(rx0, y, Math.max(1, rx1 - rx0), bh); } };
       for (; j < L.n; j++) {
         const i = L.idx[j];
         if (S[i] > x1) break;
@@ -437,17 +438,22 @@ export function render({ model, el }) {
         let a = (S[i] - x0) * sc, b = (E[i] - x0) * sc;
         if (a < 0) a = 0;
         if (b > W) b = W;
-        const c = K[i], narrow = b - a < 2;
+        const c = K[i] % PALETTE.length, narrow = b - a < 2;
         if (c === rc && a <= rx1 + 0.75 && (narrow || rx1 - rx0 < 2)) { if (b > rx1) rx1 = b; continue; }
         if (b - a < 1 && b <= Math.ceil(rx1)) continue; // its pixel is already painted
-        flush();
+        if (rc >= 0) buckets[rc].push(rx0, y, rx1 - rx0);
         rx0 = a; rc = c;
         rx1 = b - a >= 3 ? b - 1 : b; // a 1 px gap between wide neighbours
       }
-      flush();
+      if (rc >= 0) buckets[rc].push(rx0, y, rx1 - rx0);
     }
+    const bh = laneH - 2 * pad;
+    buckets.forEach((rects, c) => {
+      ctx.fillStyle = PALETTE[c];
+      for (let r = 0; r < rects.length; r += 3) ctx.fillRect(rects[r], rects[r + 1], Math.max(1, rects[r + 2]), bh);
+    });
     for (const i of failed) {
-      const li = store.laneOf[i], y = AXIS_H + li * laneH + pad, bh = laneH - 2 * pad;
+      const y = AXIS_H + store.laneOf[i] * laneH + pad;
       const a = (S[i] - x0) * sc, w = Math.max(3, (E[i] - S[i]) * sc);
       ctx.fillStyle = FAILED_FILL; ctx.fillRect(a, y, w, bh);
       ctx.strokeStyle = FAILED_LINE; ctx.lineWidth = 1.5; ctx.strokeRect(a + 0.75, y + 0.75, w - 1.5, bh - 1.5);
@@ -458,7 +464,7 @@ export function render({ model, el }) {
       for (const i of crit) {
         const y = AXIS_H + store.laneOf[i] * laneH + pad;
         const a = (S[i] - x0) * sc, w = Math.max(2, (E[i] - S[i]) * sc);
-        ctx.strokeRect(a, y, w, laneH - 2 * pad);
+        ctx.strokeRect(a, y, w, bh);
       }
       const path = (state.critical.tasks || []).map((id) => store.byId.get(id)).filter((i) => i !== undefined);
       ctx.lineWidth = 1.2; ctx.beginPath();
@@ -494,6 +500,13 @@ export function render({ model, el }) {
     if (hoverPx) showTooltip(hoverPx.x, hoverPx.y);
   }
 
+  let tipFrame = null; // hover: at most one hit-test per frame
+  function scheduleTip() {
+    if (tipFrame || frame) return; // a pending redraw updates the tooltip too
+    tipFrame = raf(() => { tipFrame = null; if (hoverPx) showTooltip(hoverPx.x, hoverPx.y); });
+  }
+  function cancel(f) { if (f) { if (f.a != null) cancelAnimationFrame(f.a); else clearTimeout(f.t); } }
+
   // ------------------------------------------------------------ interaction
 
   function pick(px, py) { // the task under (px, py), or -1
@@ -518,7 +531,7 @@ export function render({ model, el }) {
     tooltip.textContent = "";
     tooltip.append(h("div", "tg-tip-title", store.labels[i] || "task " + store.tid[i]));
     const lines = [(lanes[li] || {}).label || "lane " + li,
-      `start ${fmtTime(store.start[i])} · duration ${fmtTime(store.end[i] - store.start[i])}`];
+      `start ${fmtTime(store.start[i], 4)} · duration ${fmtTime(store.end[i] - store.start[i], 3)}`];
     if (kn != null) lines.push("kernel " + kn);
     if (store.st[i] === 2) lines.push("FAILED");
     if (critSet.has(store.tid[i])) lines.push("on the critical path");
@@ -568,7 +581,7 @@ export function render({ model, el }) {
   on(canvas, "mousemove", (ev) => {
     hoverPx = drag ? null : localXY(ev);
     if (drag) tooltip.style.display = "none";
-    else showTooltip(hoverPx.x, hoverPx.y);
+    else scheduleTip();
   });
   on(canvas, "mouseleave", () => { hoverPx = null; tooltip.style.display = "none"; });
   if (typeof ResizeObserver === "function") {
@@ -596,7 +609,7 @@ export function render({ model, el }) {
   return () => {
     if (model.off) { model.off("change:state", onState); model.off("msg:custom", onMsg); }
     for (const c of cleanups) c();
-    if (frame) { if (frame.a != null) cancelAnimationFrame(frame.a); else clearTimeout(frame.t); frame = null; }
+    cancel(frame); cancel(tipFrame); frame = tipFrame = null;
   };
 }
 
