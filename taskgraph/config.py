@@ -10,6 +10,7 @@ TASKGRAPH_BLAS_THREADS         BLAS threads per worker                         1
 TASKGRAPH_MAX_SENDS            sends in flight per rank                        64
 TASKGRAPH_RECV_BUDGET_MB       bytes of receives posted ahead per rank         512
 TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      1000
+TASKGRAPH_TRACE_DIR            where scripts' ``run.show()`` writes traces     .
 TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 =============================  ==============================================  =========
 
@@ -89,6 +90,10 @@ def recv_budget() -> int:
 
 def poll_max() -> float:
     return max(1, _int("TASKGRAPH_POLL_MAX_US", 1000)) * 1e-6
+
+
+def trace_dir() -> str:
+    return os.environ.get("TASKGRAPH_TRACE_DIR", "").strip() or "."
 
 
 def quick() -> bool:

@@ -15,7 +15,6 @@ only the *new* events, so a 20,000-task run stays responsive.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 import anywidget
 import traitlets
 
+from . import config
 from .report import STATIC
 from .trace import Trace
 
@@ -100,6 +100,7 @@ class RunView(anywidget.AnyWidget):
 
     def _finish(self) -> None:
         """The run ended: switch to its merged trace (every rank) and say how it ended."""
+        t0 = time.perf_counter()
         try:
             final = self.run.trace
         except Exception as exc:  # noqa: BLE001 - the view must survive anything
@@ -108,9 +109,14 @@ class RunView(anywidget.AnyWidget):
                 self.state = self.trace.state()
             return
         with self._lock:
+            complete = len(final.tasks) == len(self.trace.tasks) and len(final.messages) == len(
+                self.trace.messages
+            )
             self.trace = final
-            self._replay()
+            if not complete:  # e.g. a batch job's view saw only rank 0 while it ran
+                self._replay()
             self.state = final.state()
+        self.cost_seconds += time.perf_counter() - t0
 
     # -- the browser side --------------------------------------------------------------
 
@@ -138,7 +144,7 @@ class TextView:
     def __init__(self, run, *, interval: float = 0.25, directory: str | None = None, stream=None):
         self.run = run
         self.interval = interval
-        self.directory = Path(directory or os.environ.get("TASKGRAPH_TRACE_DIR") or ".")
+        self.directory = Path(directory or config.trace_dir())
         self.stream = stream or sys.stderr
         self.files: list[str] = []
         self._thread = threading.Thread(target=self._pump, name="taskgraph-progress")
