@@ -61,5 +61,17 @@ def main(argv=None) -> None:
         )
 
 
+def run(quick: bool = False) -> list[dict]:
+    """The suite entry: n = 8192 (4096 with ``quick``), tile 512, 2 ranks."""
+    from benchmarks.common import emit, last_json, python
+
+    n, repeats = (4096, 2) if quick else (8192, 3)
+    result = last_json(
+        python("-m", "benchmarks.tracing", "--n", str(n), "--repeats", str(repeats)),
+        timeout=1800,
+    )
+    return [emit(result)]
+
+
 if __name__ == "__main__":
     main()

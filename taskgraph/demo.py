@@ -8,6 +8,7 @@ factorise, gather the factor on rank 0 and compute ‖A − L Lᵀ‖ / ‖A‖.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 
@@ -65,13 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     cluster.barrier()
     peak = gemm_peak(min(threads, config.cores()), dtype) if cluster.rank == 0 else 0.0
     seconds = float("inf")
+    run = None
     for attempt in range(max(1, args.repeat)):
         if attempt:  # a fresh matrix: the factor is overwritten in place
+            del A, graph, run  # the last one first: a rank holds one matrix at a time
+            gc.collect()
             A = TiledMatrix.random_spd(args.n, args.tile, dtype, seed=args.seed, cluster=cluster)
             graph = cholesky(A)
         cluster.barrier()
         run = cluster.run(graph).wait()
         seconds = min(seconds, max(cluster.world.allgather(run.seconds)))
+    # peak resident memory of every rank, against its share of the matrix
+    rss = cluster.world.allgather(peak_rss_mib())
+    share = cluster.world.allgather(sum(t.nbytes for t in A.tiles.values()) / 2**20)
     residual = None
     factor = A.gather(root=0) if not args.no_check else None
     if cluster.rank != 0:
@@ -95,11 +102,20 @@ def main(argv: list[str] | None = None) -> int:
         "residual": residual,
         "compile_seconds": round(compile_s, 2),
         "repeats": max(1, args.repeat),
+        "peak_rss_mib": [round(x, 1) for x in rss],
+        "matrix_share_mib": [round(x, 1) for x in share],
         "machine": describe(),
     }
     ok = residual is None or residual < TOLERANCE[args.dtype]
     report(result, ok, args.json)
     return 0 if ok else 1
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def report(r: dict, ok: bool, as_json: bool) -> None:
@@ -114,6 +130,11 @@ def report(r: dict, ok: bool, as_json: bool) -> None:
         f"speed           {r['gflops']:.1f} GFLOP/s",
         f"{gemm} peak      {r['gemm_peak_gflops']:.1f} GFLOP/s on {used} threads, same run",
         f"fraction        {r['fraction_of_peak']:.1%} of peak",
+        "memory          peak "
+        + ", ".join(f"{m:.0f}" for m in r["peak_rss_mib"])
+        + " MiB per rank; matrix share "
+        + ", ".join(f"{m:.0f}" for m in r["matrix_share_mib"])
+        + " MiB",
     ]
     if r["residual"] is not None:
         verdict = "ok" if ok else "TOO LARGE"

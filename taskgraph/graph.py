@@ -44,20 +44,23 @@ INITIAL = -1  # producer of the data as it is before the run
 
 
 class Ref:
-    """A task argument that refers to data: a tile or another task's value."""
+    """A task argument that refers to data: a tile or another task's value.
+
+    ``mode`` is a plain int (1 read, 2 write, 3 both): recording a task is a hot loop.
+    """
 
     __slots__ = ("data", "mode")
 
-    def __init__(self, data: int, mode: Mode):
+    def __init__(self, data: int, mode: int):
         self.data = data
-        self.mode = mode
+        self.mode = int(mode)
 
 
 @dataclass(slots=True)
 class Data:
     """One piece of data a graph touches: a tile of a matrix, or a task's value."""
 
-    key: tuple
+    key: tuple | None  # (matrix, i, j) for tiles; None for values
     tile: Tile | None = None  # the Tile, for tiles
     producer: int = INITIAL  # the task, for values
 
@@ -168,7 +171,8 @@ class Graph:
         self.data: list[Data] = []
         self._data_index: dict[tuple, int] = {}
         self._last_writer: list[int] = []
-        self._readers: list[list[int]] = []
+        self._readers: list[list[int] | None] = []  # None: no reader since the last write
+        self._values: dict[int, int] = {}  # task -> the data id of its value
         self._order: list[int] | None = None
         self.results: dict[int, object] = {}
         self.result_ranks: dict[int, int] = {}
@@ -212,7 +216,7 @@ class Graph:
             self._data_index[key] = d
             self.data.append(Data(key, tile, producer))
             self._last_writer.append(INITIAL)
-            self._readers.append([])
+            self._readers.append(None)
         return d
 
     def add_kernel_task(self, kernel, args) -> TaskRef:
@@ -238,20 +242,29 @@ class Graph:
         if problem:
             raise GraphError(f"task {label}: {problem}")
         refs = tuple(Ref(self._data_id(a.tile.key, a.tile), a.mode) for a in accesses)
-        return self._record(kernel, refs, None, label)
+        return self._record(kernel, refs, None, lambda: label)
 
     def add_call(self, fn: TaskFunction, args, kwargs) -> Future:
         """Record a call of a ``@tg.task`` function; returns its future."""
-        enc_args = tuple(self._encode(a) for a in args)
-        enc_kwargs = {k: self._encode(v) for k, v in kwargs.items()} or None
+        encode = self._encode
+        enc_args = tuple([encode(a) for a in args])
+        enc_kwargs = {k: encode(v) for k, v in kwargs.items()} or None
         tid = len(self.tasks)
-        parts = [self._arg_label(a) for a in enc_args]
-        parts += [f"{k}={self._arg_label(v)}" for k, v in (enc_kwargs or {}).items()]
-        self._record(fn, enc_args, enc_kwargs, f"{fn.name}#{tid}({', '.join(parts)})")
+
+        def label() -> str:  # only an error message needs it
+            parts = [self._arg_label(a) for a in enc_args]
+            parts += [f"{k}={self._arg_label(v)}" for k, v in (enc_kwargs or {}).items()]
+            return f"{fn.name}#{tid}({', '.join(parts)})"
+
+        self._record(fn, enc_args, enc_kwargs, label)
         # the value this task returns is data too, written by it
-        d = self._data_id(("value", tid), producer=tid)
-        self.tasks[tid].writes = self.tasks[tid].writes + ((d, INITIAL),)
-        self._last_writer[d] = tid
+        d = len(self.data)
+        self.data.append(Data(None, None, tid))
+        self._last_writer.append(tid)
+        self._readers.append(None)
+        self._values[tid] = d
+        task = self.tasks[tid]
+        task.writes = task.writes + ((d, INITIAL),)
         return Future(self, tid)
 
     def _encode(self, a):
@@ -263,50 +276,62 @@ class Graph:
         if isinstance(a, Future):
             if a.graph is not self:
                 raise GraphError(f"{a!r} belongs to graph {a.graph.name!r}, not {self.name!r}")
-            return Ref(self._data_id(("value", a.id)), Mode.R)
+            return Ref(self._values[a.id], 1)
         if isinstance(a, Access):
             return Ref(self._data_id(a.tile.key, a.tile), a.mode)
         if hasattr(a, "matrix") and hasattr(a, "key"):  # a bare tile: read it
             return Ref(self._data_id(a.key, a), Mode.R)
         return a
 
-    def _record(self, fn, args, kwargs, label: str) -> TaskRef:
+    def _record(self, fn, args, kwargs, label: Callable[[], str]) -> TaskRef:
+        """Add a task; infer its edges from the data its Refs touch (modes as ints)."""
         tid = len(self.tasks)
-        refs = [a for a in args if isinstance(a, Ref)]
+        modes: dict[int, int] = {}
+        for r in args:
+            if r.__class__ is Ref:
+                self._merge_mode(modes, r, label)
         if kwargs:
-            refs += [v for v in kwargs.values() if isinstance(v, Ref)]
-        modes: dict[int, Mode] = {}
-        for r in refs:
-            if r.data in modes and (r.mode.writes or modes[r.data].writes):
-                raise GraphError(
-                    f"task {label}: {self.data[r.data].label()} is both written and used "
-                    "again by the same task"
-                )
-            modes[r.data] = modes.get(r.data, Mode(0)) | r.mode
+            for r in kwargs.values():
+                if r.__class__ is Ref:
+                    self._merge_mode(modes, r, label)
         preds: set[int] = set()
         reads, writes = [], []
+        last_writer, readers_of = self._last_writer, self._readers
         for d, mode in modes.items():
-            last = self._last_writer[d]
-            if mode.reads:
+            last = last_writer[d]
+            if mode & 1:  # reads
                 reads.append((d, last))
                 if last != INITIAL:
                     preds.add(last)  # RAW
-            if mode.writes:
-                readers = self._readers[d]
-                preds.update(readers)  # WAR
-                if not readers and last != INITIAL:
+            if mode & 2:  # writes
+                readers = readers_of[d]
+                if readers:
+                    preds.update(readers)  # WAR
+                elif last != INITIAL:
                     preds.add(last)  # WAW
                 writes.append((d, last))
-        preds.discard(tid)
-        for d, mode in modes.items():
-            if mode.writes:
-                self._last_writer[d] = tid
-                self._readers[d] = []
+                last_writer[d] = tid
+                readers_of[d] = None
             else:
-                self._readers[d].append(tid)
+                known = readers_of[d]
+                if known is None:
+                    readers_of[d] = [tid]
+                else:
+                    known.append(tid)
+        preds.discard(tid)
         self.tasks.append(Task(tid, fn, args, kwargs, tuple(reads), tuple(writes), sorted(preds)))
         self._order = None
         return TaskRef(self, tid)
+
+    def _merge_mode(self, modes: dict[int, int], r: Ref, label: Callable[[], str]) -> None:
+        seen = modes.get(r.data)
+        if seen is None:
+            modes[r.data] = r.mode
+        elif (seen | r.mode) & 2:
+            raise GraphError(
+                f"task {label()}: {self.data[r.data].label()} is both written and used "
+                "again by the same task"
+            )
 
     def add_dependency(self, before: TaskRef | int, after: TaskRef | int) -> None:
         """An explicit edge: ``after`` waits for ``before``."""
@@ -404,6 +429,9 @@ class Graph:
         """The cost (flops, or the declared cost) of every task."""
         out = []
         for t in self.tasks:
+            if t.fn.__class__ is TaskFunction:  # a constant cost: no shapes needed
+                out.append(t.fn.cost_value)
+                continue
             shapes = [
                 self.data[a.data].the_tile.shape
                 for a in t.args
@@ -440,6 +468,16 @@ class Graph:
     @property
     def critical_path_length(self) -> float:
         return self.critical_path()[0]
+
+    def preview(self, ranks: int | None = None):
+        """What this graph would do on ``ranks`` ranks, from the plan alone.
+
+        Tasks and flops per rank, messages and bytes per rank pair, and (in a notebook)
+        the DAG coloured by rank. See :mod:`taskgraph.preview`.
+        """
+        from .preview import preview
+
+        return preview(self, ranks)
 
     def to_networkx(self):
         """A ``networkx.DiGraph``: nodes are task ids with ``name``, ``label``, ``cost``."""

@@ -42,6 +42,32 @@ def block_cyclic_owner(i: int, j: int, grid: tuple[int, int]) -> int:
     return (i % p) * q + (j % q)
 
 
+DISTRIBUTIONS = ("2d", "1d", "random")
+
+
+def distribution_grid(distribution: str, nranks: int) -> tuple[int, int]:
+    """The P x Q grid of a named tile distribution.
+
+    ``"2d"``: the most square grid (2-D block-cyclic); ``"1d"``: 1 x P, tile columns
+    dealt round-robin; ``"random"``: no grid (1 x P is returned, the owners are drawn).
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(
+            f"unknown distribution {distribution!r}: choose one of {', '.join(DISTRIBUTIONS)}"
+        )
+    return grid_shape(nranks) if distribution == "2d" else (1, nranks)
+
+
+def random_owners(mt: int, nt: int, nranks: int, seed: int = 0) -> list[list[int]]:
+    """A seeded random owner for each of mt x nt tiles, balanced: every rank gets
+    the same number of tiles (to within one), in a random arrangement."""
+    import numpy as np
+
+    deal = np.arange(mt * nt) % nranks
+    np.random.default_rng(seed).shuffle(deal)
+    return deal.reshape(mt, nt).tolist()
+
+
 def pick_rank(where: dict[int, float], load: list[float]) -> int:
     """Follow the inputs: the rank holding most input bytes; ties go to the least loaded."""
     if where:

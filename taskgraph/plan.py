@@ -26,6 +26,7 @@ tags        per (source, destination) pair, numbered from 1 in plan order; tag 0
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,13 +95,22 @@ class Plan:
         return m
 
 
-def make_plan(graph: Graph, nranks: int) -> Plan:
-    """Place, prioritise and list the messages of ``graph`` on ``nranks`` ranks."""
+def make_plan(graph: Graph, nranks: int, owner: Callable | None = None) -> Plan:
+    """Place, prioritise and list the messages of ``graph`` on ``nranks`` ranks.
+
+    ``owner(tile) -> rank`` overrides where tiles live (for what-if plans such as
+    :meth:`Graph.preview` at another rank count); by default each matrix's own
+    distribution decides.
+    """
     graph.check()  # a cycle raises here, naming its tasks
-    _check_matrices(graph, nranks)
-    placement = place(graph, nranks)
+    if owner is None:
+        _check_matrices(graph, nranks)
+    owner_of = data_owners(graph, owner)
+    if any(o >= nranks for o in owner_of):
+        raise PlanError(f"a tile owner lies outside the {nranks} ranks of the plan")
+    placement = place(graph, nranks, owner_of)
     priority = graph.bottom_levels()
-    messages = plan_messages(graph, placement)
+    messages = plan_messages(graph, placement, owner_of)
     assign_tags(messages)
     return Plan(graph, nranks, placement, priority, messages)
 
@@ -113,38 +123,57 @@ def _check_matrices(graph: Graph, nranks: int) -> None:
             )
 
 
-def place(graph: Graph, nranks: int) -> list[int]:
+def data_owners(graph: Graph, owner: Callable | None = None) -> list[int]:
+    """The rank holding each datum before the run: its tile's owner, -1 for values."""
+    if owner is None:
+        return [d.tile.owner if d.tile is not None else -1 for d in graph.data]
+    return [int(owner(d.tile)) if d.tile is not None else -1 for d in graph.data]
+
+
+def place(graph: Graph, nranks: int, owner_of: list[int] | None = None) -> list[int]:
     """Owner computes for tile writers; the others follow their inputs, in task order."""
     placement = [0] * len(graph.tasks)
     load = [0.0] * nranks
     data = graph.data
+    if owner_of is None:
+        owner_of = data_owners(graph)
+    nbytes_of = [d.nbytes for d in data]
     for t in graph.tasks:
-        owners = {data[d].the_tile.owner for d, _ in t.writes if data[d].is_tile}
-        if len(owners) > 1:
-            raise PlanError(
-                f"task {graph.label(t.id)} writes tiles owned by ranks "
-                f"{sorted(owners)}; owner-computes needs one owner per task: "
-                "choose a grid where these tiles share a rank, or split the task"
-            )
-        if owners:
-            rank = owners.pop()
-        else:
-            where: dict[int, float] = {}
-            for d, prod in t.reads:
-                r = placement[prod] if prod != INITIAL else data[d].the_tile.owner
-                where[r] = where.get(r, 0.0) + data[d].nbytes
-            rank = pick_rank(where, load)
+        rank = -1
+        for d, _ in t.writes:
+            o = owner_of[d]
+            if o < 0:
+                continue
+            if rank >= 0 and o != rank:
+                owners = sorted({owner_of[w] for w, _ in t.writes if owner_of[w] >= 0})
+                raise PlanError(
+                    f"task {graph.label(t.id)} writes tiles owned by ranks {owners}; "
+                    "owner-computes needs one owner per task: choose a grid where these "
+                    "tiles share a rank, or split the task"
+                )
+            rank = o
+        if rank < 0:
+            reads = t.reads
+            if len(reads) == 1:  # one input: go where it is
+                d, prod = reads[0]
+                rank = placement[prod] if prod != INITIAL else owner_of[d]
+            else:
+                where: dict[int, float] = {}
+                for d, prod in reads:
+                    r = placement[prod] if prod != INITIAL else owner_of[d]
+                    where[r] = where.get(r, 0.0) + nbytes_of[d]
+                rank = pick_rank(where, load)
         load[rank] += 1.0
         placement[t.id] = rank
     return placement
 
 
-def _holder(graph: Graph, placement: list[int], d: int, prod: int) -> int:
-    return placement[prod] if prod != INITIAL else graph.data[d].the_tile.owner
-
-
-def plan_messages(graph: Graph, placement: list[int]) -> list[Message]:
+def plan_messages(
+    graph: Graph, placement: list[int], owner_of: list[int] | None = None
+) -> list[Message]:
     """Every cross-rank transfer the graph needs, in a deterministic order."""
+    if owner_of is None:
+        owner_of = data_owners(graph)
     messages: list[Message] = []
     by_key: dict[tuple, Message] = {}
     by_version: dict[tuple[int, int], list[Message]] = {}
@@ -152,7 +181,7 @@ def plan_messages(graph: Graph, placement: list[int]) -> list[Message]:
         rank = placement[t.id]
         covered: set[int] = set()
         for d, prod in t.reads:
-            src = _holder(graph, placement, d, prod)
+            src = placement[prod] if prod != INITIAL else owner_of[d]
             if prod != INITIAL:
                 covered.add(prod)
             if src == rank:

@@ -1,8 +1,10 @@
 """Tiled matrices distributed over ranks.
 
 A :class:`TiledMatrix` is an m x n matrix cut into tiles of ``tile x tile`` (smaller at
-the bottom and right edges). Each tile has one owner rank on a P x Q grid
-(2-D block-cyclic, see :mod:`taskgraph.placement`), and each rank stores only the
+the bottom and right edges). Each tile has one owner rank: on a P x Q grid, 2-D
+block-cyclic by default (``distribution="2d"``), dealt by tile column over 1 x P
+(``"1d"``), or drawn at random, balanced and seeded (``"random"``; see
+:mod:`taskgraph.placement`), and each rank stores only the
 tiles it owns, as Fortran-ordered arrays that BLAS and LAPACK use in place. Tiles are
 allocated once, when the matrix is made, and every task that writes a tile writes it
 in place on its owner.
@@ -28,7 +30,7 @@ import numpy as np
 from .access import Access, Mode
 from .cluster import Cluster
 from .errors import GraphError
-from .placement import block_cyclic_owner, grid_shape
+from .placement import block_cyclic_owner, distribution_grid, random_owners
 
 _uids = itertools.count()  # matrices made here; a notebook's are negative
 _registry: weakref.WeakValueDictionary[int, TiledMatrix] = weakref.WeakValueDictionary()
@@ -94,6 +96,8 @@ class TiledMatrix:
         dtype=np.float64,
         *,
         grid: tuple[int, int] | None = None,
+        distribution: str = "2d",
+        distribution_seed: int = 0,
         lower: bool = False,
         name: str | None = None,
         cluster=None,
@@ -113,8 +117,12 @@ class TiledMatrix:
         self.remote = bool(getattr(self.cluster, "remote", False))  # made from a notebook
         self.nranks = self.cluster.size
         self.rank = self.cluster.rank
+        self.distribution = distribution
+        self.distribution_seed = int(distribution_seed)
         self.grid: tuple[int, int] = (
-            (int(grid[0]), int(grid[1])) if grid is not None else grid_shape(self.nranks)
+            (int(grid[0]), int(grid[1]))
+            if grid is not None
+            else distribution_grid(distribution, self.nranks)
         )
         if self.grid[0] * self.grid[1] != self.nranks:
             raise ValueError(f"grid {self.grid} does not cover {self.nranks} ranks")
@@ -127,6 +135,11 @@ class TiledMatrix:
         self.name = name or f"M{abs(self.uid)}"
         self.mt = -(-m // tile)
         self.nt = -(-n // tile)
+        self._owners = (
+            random_owners(self.mt, self.nt, self.nranks, self.distribution_seed)
+            if distribution == "random"
+            else None
+        )
         self.tiles: dict[tuple[int, int], np.ndarray] = {}
         for i, j in self.indices():
             if self.owner(i, j) == self.rank:  # a notebook's rank is None: it owns none
@@ -140,6 +153,8 @@ class TiledMatrix:
             "tile": self.tile,
             "dtype": self.dtype.str,
             "grid": self.grid,
+            "distribution": self.distribution,
+            "distribution_seed": self.distribution_seed,
             "lower": self.lower,
             "name": self.name,
             "uid": self.uid,
@@ -162,6 +177,8 @@ class TiledMatrix:
         return (min(self.tile, m - i * self.tile), min(self.tile, n - j * self.tile))
 
     def owner(self, i: int, j: int) -> int:
+        if self._owners is not None:
+            return self._owners[i][j]
         return block_cyclic_owner(i, j, self.grid)
 
     def __getitem__(self, ij) -> Tile:
@@ -189,7 +206,12 @@ class TiledMatrix:
         kind = "lower " if self.lower else ""
         return (
             f"<TiledMatrix {self.name}: {kind}{m}x{n} {self.dtype}, tile {self.tile} "
-            f"({self.mt}x{self.nt} tiles), grid {self.grid[0]}x{self.grid[1]}>"
+            f"({self.mt}x{self.nt} tiles), "
+            + (
+                f"random owners (seed {self.distribution_seed})>"
+                if self._owners is not None
+                else f"grid {self.grid[0]}x{self.grid[1]}>"
+            )
         )
 
     def local(self, i: int, j: int) -> np.ndarray:

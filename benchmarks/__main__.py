@@ -1,0 +1,52 @@
+"""``python -m benchmarks all [--quick] [--out DIR]``, or one suite by name.
+
+Suites run one after another (never in parallel: they measure the machine), each
+result is printed as a JSON line, and ``all`` writes ``DIR/<suite>.json`` and then the
+report (``DIR/README.md`` with tables, and PNG plots). ``report`` rebuilds the report
+from the JSON files alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+from pathlib import Path
+
+SUITES = ["cholesky", "overhead", "micro", "comm", "graphsize", "tracing"]
+RESULTS = Path(__file__).parent / "results"
+
+
+def run_suite(name: str, quick: bool) -> list[dict]:
+    module = importlib.import_module(f"benchmarks.{name}")
+    return module.run(quick=quick)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["all", "report", *SUITES])
+    p.add_argument("--quick", action="store_true", help="small sizes: all of it in < 10 min")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    args = p.parse_args(argv)
+    if args.what == "report":
+        from benchmarks.report import write_report
+
+        print(write_report(args.out))
+        return
+    names = SUITES if args.what == "all" else [args.what]
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for name in names:
+        results = run_suite(name, args.quick)
+        if args.what == "all" or not args.quick:
+            (args.out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    if args.what == "all":
+        from benchmarks.report import write_report
+
+        write_report(args.out)
+        print(f"# suite took {time.perf_counter() - t0:.0f} s; results in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

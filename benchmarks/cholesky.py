@@ -1,0 +1,308 @@
+"""Tiled Cholesky: speed, memory and scaling, against LAPACK and dask in the same run.
+
+    python -m benchmarks.cholesky [--quick]
+    python -m benchmarks.cholesky --baseline lapack|dask --n N --dtype D [--chunk C]
+
+What is measured, one measurement at a time, each in a fresh process:
+
+* ``cholesky``: ``taskgraph demo --json --no-check --repeat 2`` over n x tile x dtype
+  and the configurations 1 rank x 2 workers, 2 ranks x 1 worker and 4 ranks x 1 worker
+  (oversubscribed on 2 cores, marked). The demo measures DGEMM/SGEMM on the same number
+  of threads in the same job, so ``fraction_of_peak`` is against this machine now.
+  ``rss_target_ok``: every rank's peak RSS <= 1.5 x its share of the matrix + 400 MiB.
+* ``cholesky_baseline``, per n and dtype, measured right after the taskgraph runs at
+  that n so that both see the same (shared, noisy) machine:
+  LAPACK (``scipy.linalg.cholesky``, 2 BLAS threads, best of 2; then on 1 thread, because
+  OpenBLAS's threaded factorisation collapses when another process holds a core: the
+  ``vs_lapack_any_threads`` ratio is against the better of the two) and
+  ``dask.array.linalg.cholesky`` (threaded scheduler, 2 threads, 1 BLAS thread per
+  thread, the same split as taskgraph's 1 x 2 configuration; best of 2 per chunk size,
+  best chunk reported). dask's input is chunked and persisted before the clock starts,
+  and its graph is built before; the time is ``.compute()`` into one NumPy array.
+  Ratios ``vs_lapack`` and ``vs_dask`` are for the best taskgraph run at that n/dtype.
+  The ratios, not the absolute GFLOP/s, are what to compare between runs.
+* ``cholesky_targets``: n=8192 float64 against the goals (>= 80 % of GEMM peak,
+  1.3 x LAPACK on 2 threads and on its better thread count, 1.5 x dask, RSS within
+  bounds), each with its measured value and a boolean.
+* ``cholesky_strong`` / ``cholesky_weak``: the scaling tables of the DAGuE and
+  Dagger.jl papers, 1 worker per rank: fixed n against ranks, and n growing as
+  sqrt(ranks) so that each rank holds the same amount of matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+
+from benchmarks import common
+from taskgraph.linalg import cholesky_flops
+
+REPEAT = 2  # best of, for every measurement
+THREADS = 2  # what the baselines use: the cores of the reference machine
+BASE_TILE = 512  # the tiling spd_dense uses for the baselines' matrix
+TIMEOUT = 1200  # seconds for one subprocess
+MAIN_CONFIGS = ((1, 2), (2, 1))  # (ranks, workers per rank)
+OVERSUBSCRIBED = (4, 1)
+GOALS = {"fraction_of_peak": 0.80, "vs_lapack": 1.3, "vs_lapack_any_threads": 1.3, "vs_dask": 1.5}
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[int, ...]
+    tiles: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    configs: tuple[tuple[int, int], ...]
+    extra: tuple[tuple[int, int, int, int], ...]  # (n, tile, ranks, workers), float64
+    chunks: tuple[int, ...]
+    strong_n: int
+    weak_base: int
+    scale_ranks: tuple[int, ...]
+
+
+def plan(quick: bool) -> Plan:
+    if quick:  # the headline: n=8192 tile 512 float64 on the main configurations
+        headline = tuple((8192, 512, r, w) for r, w in MAIN_CONFIGS)
+        return Plan(
+            sizes=(2048, 4096),
+            tiles=(256, 512),
+            dtypes=("float64",),
+            configs=MAIN_CONFIGS,
+            extra=headline,
+            chunks=(512, 1024),
+            strong_n=4096,
+            weak_base=2048,
+            scale_ranks=(1, 2),
+        )
+    return Plan(
+        sizes=(2048, 4096, 8192),
+        tiles=(256, 512, 1024),
+        dtypes=("float64", "float32"),
+        configs=(*MAIN_CONFIGS, OVERSUBSCRIBED),
+        extra=(),
+        chunks=(256, 512, 1024, 2048),
+        strong_n=8192,
+        weak_base=4096,
+        scale_ranks=(1, 2, 4),
+    )
+
+
+def points(p: Plan, n: int, dtype: str) -> list[tuple[int, int, int]]:
+    """The (tile, ranks, workers) measured at this n and dtype."""
+    pts = [(t, r, w) for t in p.tiles for r, w in p.configs] if n in p.sizes else []
+    if dtype == "float64":
+        pts += [(t, r, w) for m, t, r, w in p.extra if m == n]
+    return pts
+
+
+# --- taskgraph runs -------------------------------------------------------------------
+
+
+class Runs:
+    """Every demo run of this suite, by (n, tile, dtype, ranks, workers): one each."""
+
+    def __init__(self) -> None:
+        self.done: dict[tuple, dict] = {}
+
+    def get(self, n: int, tile: int, dtype: str, ranks: int, workers: int) -> dict:
+        key = (n, tile, dtype, ranks, workers)
+        if key not in self.done:
+            self.done[key] = common.emit(demo(*key))
+        return self.done[key]
+
+
+def demo(n: int, tile: int, dtype: str, ranks: int, workers: int) -> dict:
+    args = ["--n", n, "--tile", tile, "--dtype", dtype, "--ranks", ranks, "--workers", workers]
+    cmd = common.python("-m", "taskgraph.cli", "demo", "--json", "--no-check")
+    cmd += ["--repeat", str(REPEAT), "--timeout", str(TIMEOUT), *map(str, args)]
+    raw = common.last_json(cmd, timeout=TIMEOUT + 60)
+    limits = [1.5 * share + 400 for share in raw["matrix_share_mib"]]
+    return {
+        "benchmark": "cholesky",
+        **raw,
+        "oversubscribed": common.oversubscribed(ranks, workers),
+        "rss_limit_mib": [round(x, 1) for x in limits],
+        "rss_target_ok": all(m <= lim for m, lim in zip(raw["peak_rss_mib"], limits)),
+    }
+
+
+# --- baselines ------------------------------------------------------------------------
+
+
+def baseline(kind: str, n: int, dtype: str, chunk: int = 0) -> dict:
+    """One baseline measurement in a fresh process: its JSON answer."""
+    cmd = common.python("-m", "benchmarks.cholesky", "--baseline", kind, "--n", str(n))
+    cmd += ["--dtype", dtype, "--chunk", str(chunk)]
+    return common.last_json(cmd, timeout=TIMEOUT)
+
+
+def lapack_seconds(n: int, dtype: str) -> dict[int, float]:
+    """Best of REPEAT LAPACK factorisations on THREADS BLAS threads, then on 1."""
+    import scipy.linalg
+    from threadpoolctl import threadpool_limits
+
+    from taskgraph.tiled import spd_dense
+
+    a = spd_dense(n, BASE_TILE, dtype)
+    best = {THREADS: math.inf, 1: math.inf}
+    for threads in best:
+        with threadpool_limits(limits=threads, user_api="blas"):
+            for _ in range(REPEAT):
+                work = a.copy(order="F")
+                t0 = time.perf_counter()
+                scipy.linalg.cholesky(work, lower=True, overwrite_a=True, check_finite=False)
+                best[threads] = min(best[threads], time.perf_counter() - t0)
+    return best
+
+
+def dask_seconds(n: int, dtype: str, chunk: int) -> float:
+    import dask.array as da
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    from taskgraph.tiled import spd_dense
+
+    a = spd_dense(n, BASE_TILE, dtype)
+    best = math.inf
+    with threadpool_limits(limits=1, user_api="blas"):
+        for _ in range(REPEAT):
+            x = da.from_array(a, chunks=chunk).map_blocks(np.copy)
+            x = x.persist(scheduler="threads", num_workers=THREADS)
+            factor = da.linalg.cholesky(x, lower=True)
+            t0 = time.perf_counter()
+            factor.compute(scheduler="threads", num_workers=THREADS)
+            best = min(best, time.perf_counter() - t0)
+            del x, factor
+    return best
+
+
+def compare(n: int, dtype: str, runs: list[dict], chunks: tuple[int, ...]) -> dict:
+    """Measure both baselines at n/dtype and rate the best taskgraph run against them."""
+    flops = cholesky_flops(n)
+    lapack = {int(t): flops / s / 1e9 for t, s in baseline("lapack", n, dtype)["seconds"].items()}
+    dask = {c: baseline("dask", n, dtype, c)["seconds"] for c in chunks if c < n}
+    by_chunk = {c: flops / s / 1e9 for c, s in dask.items()}
+    chunk = max(by_chunk, key=by_chunk.__getitem__)
+    best = max(runs, key=lambda r: r["gflops"])
+    return {
+        "benchmark": "cholesky_baseline",
+        "n": n,
+        "dtype": dtype,
+        "lapack_gflops": round(lapack[THREADS], 2),
+        "lapack_blas_threads": THREADS,
+        "lapack_1_thread_gflops": round(lapack[1], 2),
+        "dask_gflops": round(by_chunk[chunk], 2),
+        "dask_chunk": chunk,
+        "dask_gflops_by_chunk": {str(c): round(g, 2) for c, g in by_chunk.items()},
+        "dask_threads": THREADS,
+        "dask_blas_threads_per_thread": 1,
+        "taskgraph_gflops": best["gflops"],
+        "taskgraph_best": {k: best[k] for k in ("tile", "ranks", "workers_per_rank")},
+        "fraction_of_peak": best["fraction_of_peak"],
+        "vs_lapack": round(best["gflops"] / lapack[THREADS], 3),
+        "vs_lapack_any_threads": round(best["gflops"] / max(lapack.values()), 3),
+        "vs_dask": round(best["gflops"] / by_chunk[chunk], 3),
+    }
+
+
+def targets(base: dict, runs: list[dict]) -> dict:
+    """n=8192 float64 against the project's goals."""
+    worst = max(runs, key=rss_use)
+    result = {k: base[k] for k in ("n", "dtype", "taskgraph_best")}
+    for key, target in GOALS.items():
+        result[key] = {"value": base[key], "target": target, "ok": base[key] >= target}
+    result["rss"] = {
+        "value": {"peak_rss_mib": worst["peak_rss_mib"], "limit_mib": worst["rss_limit_mib"]},
+        "target": "peak RSS <= 1.5 x matrix share + 400 MiB on every rank of every run",
+        "ok": all(r["rss_target_ok"] for r in runs),
+    }
+    return {"benchmark": "cholesky_targets", **result}
+
+
+def rss_use(r: dict) -> float:
+    """The largest peak RSS of a run's ranks as a fraction of its limit."""
+    return max(m / lim for m, lim in zip(r["peak_rss_mib"], r["rss_limit_mib"]))
+
+
+# --- scaling --------------------------------------------------------------------------
+
+
+def weak_n(base: int, ranks: int) -> int:
+    """n for weak scaling: n^2 / ranks constant, rounded to a multiple of 512."""
+    return max(512, round(base * math.sqrt(ranks) / 512) * 512)
+
+
+def scaling_row(kind: str, r: dict, first: dict) -> dict:
+    ranks = r["ranks"]
+    row = {"benchmark": kind, "ranks": ranks}
+    row |= {k: r[k] for k in ("n", "tile", "dtype", "workers_per_rank", "oversubscribed")}
+    row |= {k: r[k] for k in ("seconds", "gflops", "gemm_peak_gflops", "fraction_of_peak")}
+    row["matrix_share_mib"] = r["matrix_share_mib"]
+    if kind == "cholesky_strong":
+        row["speedup"] = round(first["seconds"] / r["seconds"], 3)
+        row["efficiency"] = round(first["seconds"] / r["seconds"] / ranks, 3)
+    else:  # ideal: GFLOP/s grows with ranks, time as sqrt(ranks)
+        row["efficiency"] = round(r["gflops"] / (ranks * first["gflops"]), 3)
+    return row
+
+
+def scaling(p: Plan, runs: Runs) -> list[dict]:
+    out = []
+    for kind in ("cholesky_strong", "cholesky_weak"):
+        sizes = [
+            p.strong_n if kind == "cholesky_strong" else weak_n(p.weak_base, r)
+            for r in p.scale_ranks
+        ]
+        measured = [runs.get(n, 512, "float64", r, 1) for n, r in zip(sizes, p.scale_ranks)]
+        out += [common.emit(scaling_row(kind, r, measured[0])) for r in measured]
+    return out
+
+
+# --- the suite ------------------------------------------------------------------------
+
+
+def run(quick: bool = False) -> list[dict]:
+    p = plan(quick)
+    runs = Runs()
+    derived: list[dict] = []
+    sizes = sorted({*p.sizes, *(e[0] for e in p.extra)})
+    for dtype in p.dtypes:
+        for n in sizes:
+            here = [runs.get(n, t, dtype, r, w) for t, r, w in points(p, n, dtype)]
+            derived.append(common.emit(compare(n, dtype, here, p.chunks)))
+            if n == 8192 and dtype == "float64":
+                derived.append(common.emit(targets(derived[-1], here)))
+    derived += scaling(p, runs)
+    return list(runs.done.values()) + derived
+
+
+def _baseline(args: argparse.Namespace) -> None:
+    """``--baseline``: measure one baseline here and print its JSON line."""
+    if args.baseline == "lapack":
+        seconds: object = lapack_seconds(args.n, args.dtype)
+    else:
+        seconds = dask_seconds(args.n, args.dtype, args.chunk)
+    answer = {"kind": args.baseline, "n": args.n, "dtype": args.dtype, "chunk": args.chunk}
+    print(json.dumps({**answer, "seconds": seconds}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, float64, ~4 minutes")
+    p.add_argument("--baseline", choices=("lapack", "dask"), help="one baseline measurement")
+    p.add_argument("--n", type=int, default=4096)
+    p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    p.add_argument("--chunk", type=int, default=512, help="dask's chunk size")
+    args = p.parse_args(argv)
+    if args.baseline:
+        _baseline(args)
+    else:
+        t0 = time.perf_counter()
+        run(quick=args.quick)
+        print(f"# cholesky suite took {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Communication: a ping-pong chain of tasks between 2 ranks, against raw mpi4py.
+
+    python -m benchmarks.comm [--quick]      # starts its own mpiexec job of 2 ranks
+
+For each message size (8 B to 16 MiB; ``--quick``: 8 B, 4 KiB, 1 MiB, 16 MiB) a
+``TiledMatrix`` of two tiles of that many bytes (float64), one on each rank (a 2 x 1
+grid), and a chain of tasks, each reading the other rank's tile and writing its own:
+every hop is one task and one tile message (``Isend``/``Irecv`` of the tile's
+buffer) from one rank to the other. One-way latency is the time per hop, taken as
+the difference between a long chain and a 2-hop chain (so the run's fixed costs,
+its start barrier and closing agreement, cancel), best of the repeats. Chains are
+at most 1,000 hops (``--quick``: 300): the runtime posts all of a chain's receives
+ahead and tests them all on every poll, so much longer chains measure that too.
+
+Baseline, in the same job, alternating with ours: a raw mpi4py ping-pong,
+``comm.Send``/``comm.Recv`` of a NumPy buffer of the same size; one-way latency is
+half a round trip. NetPIPE-style figures per size: one-way latency (µs) and
+bandwidth (MiB/s) of both, ``latency_ratio`` = ours / raw and ``bandwidth_fraction``
+= ours / raw. ``comm_targets``: latency ratio ≤ 5 for small messages (≤ 4 KiB) and
+bandwidth fraction ≥ 0.90 from 1 MiB up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import taskgraph as tg
+from benchmarks.common import emit, machine
+from taskgraph import config
+
+KiB, MiB = 1 << 10, 1 << 20
+FULL = (8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB)
+QUICK = (8, 4 * KiB, MiB, 16 * MiB)
+SMALL, LARGE = 4 * KiB, MiB
+TARGET_LATENCY_RATIO, TARGET_BANDWIDTH_FRACTION = 5.0, 0.90
+
+
+@tg.kernel(modes="r,w", dims="mn,mn", name="hop")
+def hop(src, dst):
+    dst[0, 0] = src[0, 0] + 1.0  # counts the hops, so the end can be checked
+
+
+def counts(nbytes: int, quick: bool) -> tuple[int, int]:
+    """(hops of our chain, round trips of the raw ping-pong) for a size."""
+    volume = (64 if quick else 256) * MiB
+    hops = int(np.clip(volume // nbytes, 16, 300 if quick else 1000))
+    trips = int(np.clip(volume // nbytes, 8, 2000 if quick else 10000))
+    return hops, trips
+
+
+# -- inside the job ---------------------------------------------------------------------
+
+
+def raw_one_way(comm, buf: np.ndarray, trips: int) -> float:
+    """Seconds per one-way message of a Send/Recv ping-pong of ``buf``."""
+    peer = 1 - comm.Get_rank()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(trips):
+        if peer == 1:
+            comm.Send(buf, peer, 7)
+            comm.Recv(buf, peer, 7)
+        else:
+            comm.Recv(buf, peer, 7)
+            comm.Send(buf, peer, 7)
+    return (time.perf_counter() - t0) / (2 * trips)
+
+
+def chain(X: tg.TiledMatrix, hops: int) -> tg.Graph:
+    with tg.Graph(f"ping-pong {hops}") as g:
+        for k in range(hops):
+            a = k % 2
+            hop(X[a, 0].r, X[1 - a, 0].w)
+    return g
+
+
+def chain_seconds(cluster, X: tg.TiledMatrix, g: tg.Graph, plan) -> float:
+    """One run of the chain from a zero tile; seconds on the slowest rank."""
+    for arr in X.tiles.values():
+        arr[0, 0] = 0.0
+    cluster.barrier()
+    run = cluster.run(g, plan=plan).wait()
+    hops = g.ntasks
+    end = X.tiles.get((hops % 2, 0))
+    if end is not None and end[0, 0] != hops:
+        raise RuntimeError(f"ping-pong of {hops} hops ended with {end[0, 0]} on its last tile")
+    return max(cluster.world.allgather(run.seconds))
+
+
+def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
+    hops, trips = counts(nbytes, quick)
+    n = nbytes // 8
+    X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X")
+    buf = np.ones(n)  # touched, as the tiles are: no page faults in the timed loops
+    graphs = [chain(X, h) for h in (2, hops)]
+    plans = [tg.make_plan(g, cluster.size) for g in graphs]
+    raw_one_way(cluster.world.comm, buf, max(2, trips // 10))  # warm
+    for g, p in zip(graphs, plans):
+        chain_seconds(cluster, X, g, p)  # warm: buffers from the pool
+    raw, ours = float("inf"), float("inf")
+    for _ in range(repeats):
+        raw = min(raw, raw_one_way(cluster.world.comm, buf, trips))
+        short, long = (chain_seconds(cluster, X, g, p) for g, p in zip(graphs, plans))
+        ours = min(ours, (long - short) / (hops - 2))
+    return figures(nbytes, hops, trips, repeats, ours, raw)
+
+
+def figures(nbytes: int, hops: int, trips: int, repeats: int, ours: float, raw: float) -> dict:
+    return {
+        "benchmark": "comm",
+        "bytes": nbytes,
+        "ranks": 2,
+        "hops": hops,
+        "raw_round_trips": trips,
+        "repeats": repeats,
+        "latency_us": round(ours * 1e6, 2),
+        "raw_latency_us": round(raw * 1e6, 2),
+        "bandwidth_mib_s": round(nbytes / ours / MiB, 2),
+        "raw_bandwidth_mib_s": round(nbytes / raw / MiB, 2),
+        "latency_ratio": round(ours / raw, 2),
+        "bandwidth_fraction": round(raw / ours, 3),
+    }
+
+
+def child(sizes: list[int], quick: bool, out: str) -> None:
+    cluster = tg.Cluster()
+    if cluster.size != 2:
+        raise SystemExit(f"the ping-pong needs 2 ranks, not {cluster.size}")
+    for nbytes in sizes:
+        result = measure_size(cluster, nbytes, quick, repeats=3 if quick else 5)
+        if cluster.rank == 0:
+            result = emit(result)
+            with open(out, "a") as f:
+                f.write(json.dumps(result) + "\n")
+
+
+# -- the parent ---------------------------------------------------------------------------
+
+
+def targets(results: list[dict]) -> dict:
+    small = [r["latency_ratio"] for r in results if r["bytes"] <= SMALL]
+    large = [r["bandwidth_fraction"] for r in results if r["bytes"] >= LARGE]
+    worst_latency, worst_bandwidth = max(small), min(large)
+    return emit(
+        {
+            "benchmark": "comm_targets",
+            "target_small_latency_ratio": TARGET_LATENCY_RATIO,
+            "worst_small_latency_ratio": worst_latency,
+            "target_large_bandwidth_fraction": TARGET_BANDWIDTH_FRACTION,
+            "worst_large_bandwidth_fraction": worst_bandwidth,
+            "met": worst_latency <= TARGET_LATENCY_RATIO
+            and worst_bandwidth >= TARGET_BANDWIDTH_FRACTION,
+            "machine": machine(),
+        }
+    )
+
+
+def run(quick: bool = False) -> list[dict]:
+    from taskgraph.launch import run_ranks
+
+    sizes = QUICK if quick else FULL
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "comm.jsonl")
+        argv = ["-m", "benchmarks.comm", "--child", out, *map(str, sizes)]
+        argv += ["--quick"] if quick else []
+        sys.stdout.flush()
+        proc = run_ranks(2, argv, timeout=600 if quick else 1800, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the 2-rank ping-pong job failed ({proc.returncode})")
+        results = [json.loads(line) for line in Path(out).read_text().splitlines()]
+    return results + [targets(results)]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 sizes, fewer round trips")
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        if not config.use_mpi():
+            raise SystemExit("--child runs inside the 2-rank job")
+        child([int(s) for s in args.child[1:]], args.quick, args.child[0])
+        return
+    run(quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()

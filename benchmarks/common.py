@@ -1,0 +1,51 @@
+"""What every benchmark shares: JSON output, the machine, running jobs.
+
+A benchmark module ``benchmarks/<name>.py`` defines ``run(quick: bool) -> list[dict]``:
+every dict is one result, has a ``"benchmark"`` key, its figures, its baseline
+measured in the same run, their ratio, and ``"machine"``; ``run`` prints each one
+with :func:`emit` as it goes. ``python -m benchmarks <name> [--quick]`` runs one,
+``python -m benchmarks all [--quick]`` runs the suite and writes ``results/``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from taskgraph import config
+from taskgraph.machine import describe
+
+_machine: dict | None = None
+
+
+def machine() -> dict:
+    global _machine
+    if _machine is None:
+        _machine = describe()
+    return _machine
+
+
+def emit(result: dict) -> dict:
+    """Print one result as a JSON line (with the machine) and return it."""
+    result = dict(result)
+    result.setdefault("machine", machine())
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def oversubscribed(ranks: int, workers: int = 1) -> bool:
+    """True when ranks x workers exceeds this machine's cores (say so in results)."""
+    return ranks * workers > config.cores()
+
+
+def last_json(cmd: list[str], timeout: float = 1800, env: dict | None = None) -> dict:
+    """Run a command and parse the JSON object on its last line of output."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def python(*args: str) -> list[str]:
+    return [sys.executable, *args]
