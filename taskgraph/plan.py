@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import PlanError
-from .graph import INITIAL, Graph
+from .graph import INITIAL, Graph, paused_gc
 from .placement import pick_rank
 
 CONTROL_TAG = 0
@@ -102,6 +102,11 @@ def make_plan(graph: Graph, nranks: int, owner: Callable | None = None) -> Plan:
     :meth:`Graph.preview` at another rank count); by default each matrix's own
     distribution decides.
     """
+    with paused_gc():  # many small acyclic objects: see Graph.__enter__
+        return _make_plan(graph, nranks, owner)
+
+
+def _make_plan(graph: Graph, nranks: int, owner: Callable | None) -> Plan:
     graph.check()  # a cycle raises here, naming its tasks
     if owner is None:
         _check_matrices(graph, nranks)
@@ -232,6 +237,11 @@ def assign_tags(messages: list[Message]) -> None:
 
 def rank_plan(plan: Plan, rank: int) -> RankPlan:
     """Extract what ``rank`` needs from the global plan."""
+    with paused_gc():
+        return _rank_plan(plan, rank)
+
+
+def _rank_plan(plan: Plan, rank: int) -> RankPlan:
     graph, placement = plan.graph, plan.placement
     tasks = [t for t in graph.order() if placement[t] == rank]
     waits = {t: 0 for t in tasks}

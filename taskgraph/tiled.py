@@ -135,6 +135,8 @@ class TiledMatrix:
         self.name = name or f"M{abs(self.uid)}"
         self.mt = -(-m // tile)
         self.nt = -(-n // tile)
+        self._full = (tile, tile)
+        self._full_rows, self._full_cols = m // tile, n // tile
         self._owners = (
             random_owners(self.mt, self.nt, self.nranks, self.distribution_seed)
             if distribution == "random"
@@ -173,6 +175,8 @@ class TiledMatrix:
                 yield i, j
 
     def tile_shape(self, i: int, j: int) -> tuple[int, int]:
+        if i < self._full_rows and j < self._full_cols:
+            return self._full  # one shared tuple for every full tile
         m, n = self.shape
         return (min(self.tile, m - i * self.tile), min(self.tile, n - j * self.tile))
 
@@ -182,6 +186,16 @@ class TiledMatrix:
         return block_cyclic_owner(i, j, self.grid)
 
     def __getitem__(self, ij) -> Tile:
+        if ij.__class__ is tuple and len(ij) == 2:  # the common case, checked cheaply
+            i, j = ij
+            if (
+                i.__class__ is int
+                and j.__class__ is int
+                and 0 <= i < self.mt
+                and 0 <= j < self.nt
+                and (i >= j or not self.lower)
+            ):
+                return Tile(self, i, j)
         try:
             i, j = ij
             i, j = int(i), int(j)
