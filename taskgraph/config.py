@@ -9,7 +9,9 @@ TASKGRAPH_WORKERS              worker threads per rank                         c
 TASKGRAPH_BLAS_THREADS         BLAS threads per worker                         1
 TASKGRAPH_MAX_SENDS            sends in flight per rank                        64
 TASKGRAPH_RECV_BUDGET_MB       bytes of receives posted ahead per rank         512
-TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      1000
+TASKGRAPH_MAX_RECVS            receives posted ahead per rank (more: probed)   64
+TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      250
+TASKGRAPH_SPIN_US              keep polling this long after the last message   300
 TASKGRAPH_TRACE_DIR            where scripts' ``run.show()`` writes traces     .
 TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 =============================  ==============================================  =========
@@ -88,8 +90,16 @@ def recv_budget() -> int:
     return max(1, _int("TASKGRAPH_RECV_BUDGET_MB", 512)) << 20
 
 
+def max_recvs() -> int:
+    return max(1, _int("TASKGRAPH_MAX_RECVS", 64))
+
+
 def poll_max() -> float:
-    return max(1, _int("TASKGRAPH_POLL_MAX_US", 1000)) * 1e-6
+    return max(1, _int("TASKGRAPH_POLL_MAX_US", 250)) * 1e-6
+
+
+def spin() -> float:
+    return max(0, _int("TASKGRAPH_SPIN_US", 300)) * 1e-6
 
 
 def trace_dir() -> str:

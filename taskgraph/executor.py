@@ -7,19 +7,26 @@ there is no central scheduler. Two kinds of threads::
     ───────────                          ─────────────────────────────────────────
     pop the ready task of highest        posts sends of finished tasks (at most
     priority, run its kernel (GIL        max_sends in flight), posts receives ahead
-    released), then, under the lock:     (up to a byte budget), tests them, takes
-    count down local successors,         unexpected messages (values, signals,
-    push the ones that reach zero,  ──►  aborts) with a probe, and counts down the
-    hand sends to the progress thread    tasks a completed message releases.
+    released), then, under the lock:     (up to a byte budget and a count), tests
+    count down local successors,         them, takes unexpected messages (values,
+    push the ones that reach zero,  ──►  signals, aborts) with a probe, and counts
+    post its sends (or hand them over)   down the tasks a completed message releases.
+
+Cooperative progress: one thread at a time holds the network token and may call MPI.
+An idle worker that waits for a message polls the network itself (and the progress
+thread steps back), so the worker that runs the released task is the one that finds
+the message; a worker posts its finished task's sends itself when the token is free.
+On the way from a message to the next message no thread hands work to another.
 
 Task states move WAITING -> READY -> RUNNING -> DONE (or FAILED), through
 :meth:`Executor._move` only. A task is READY when its counter reaches zero: one
 count per local predecessor, per incoming message it reads, and per outgoing send
 of the tile version it overwrites (a cross-rank write-after-read).
 
-When idle the progress thread sleeps, doubling the sleep up to ``poll_max``, and
-wakes at once when a worker hands it work: a rank that waits for a message does not
-burn a core. A task that raises stops this rank's workers, sends an abort to every
+A polling worker keeps polling (yielding the GIL) for ``spin`` seconds after the last
+message, then sleeps, doubling the sleep up to ``poll_max``; the progress thread
+always backs off that way and wakes at once when a worker hands it work: a rank that
+waits for a message does not burn a core. A task that raises stops this rank's workers, sends an abort to every
 other rank, and all ranks agree on the outcome (``Ibarrier`` then ``allgather``)
 before the run's communicator is freed, so every rank raises the same
 :class:`~taskgraph.errors.TaskError`, and the next run starts clean.
@@ -94,6 +101,7 @@ class Stats:
         self.bytes_received = 0
         self.polls = 0
         self.sleeps = 0
+        self.spins = 0
         self.seconds = 0.0
 
     def as_dict(self) -> dict:
@@ -125,9 +133,17 @@ class Executor:
         self.max_sends = config.max_sends()
         self.recv_budget = config.recv_budget()
         self.poll_max = config.poll_max()
+        self.spin = config.spin()
+        self.max_recvs = config.max_recvs()
 
         self.lock = threading.Condition(threading.Lock())
         self.wake = threading.Event()  # workers -> progress thread
+        # Whoever holds the token may call MPI: the progress thread, or an idle worker
+        # that polls for the message it waits for (cooperative progress: the worker that
+        # will run the released task finds the message itself, and a worker posts its
+        # own sends, with no hand-over between threads on the way).
+        self.net_token = threading.Lock()
+        self.pollers = 0  # idle workers polling the network (at most one)
         self.state = {t: State.WAITING for t in plan.tasks}
         self.waits = dict(plan.waits)
         self.ready: list[tuple[float, int]] = []
@@ -183,6 +199,9 @@ class Executor:
                     # waiting on the network if a task here still needs a message
                     on_network = self.recvs_left > 0
                     t_idle = now()
+                    if on_network and self.net.size > 1 and self.pollers == 0:
+                        if not self._idle_poll():
+                            return
                     while not self.ready and not self.stopping:
                         lock.wait()
                     self.trace.waited(index, now() - t_idle, on_network)
@@ -212,8 +231,55 @@ class Executor:
                 except BaseException as exc:  # noqa: BLE001 - a runtime bug: fail loudly
                     self._fail(t, exc, state=State.DONE)
                     return
+                if self.outbox and self.net.size > 1:  # post this task's sends now
+                    lock.release()
+                    try:
+                        self._try_poll()
+                    except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                        lock.acquire()
+                        self._fail(None, exc)
+                        return
+                    lock.acquire()
         finally:
             lock.release()
+
+    def _idle_poll(self) -> bool:
+        """An idle worker polls for the message it waits for. Lock held on entry and
+        exit; False if the network failed (the run is then failing).
+
+        Polls back to back for ``spin`` seconds after the last message, then backs off
+        (doubling sleeps up to ``poll_max``), as the progress thread does; stops as
+        soon as a task is ready, and hands polling back to the progress thread.
+        """
+        lock = self.lock
+        clock = time.perf_counter
+        self.pollers += 1
+        sleep, last = 0.0, clock()
+        try:
+            while not self.ready and not self.stopping and self.recvs_left > 0:
+                lock.release()
+                try:
+                    got = self._try_poll()
+                except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                    lock.acquire()
+                    self._fail(None, exc)
+                    return False
+                if got:
+                    sleep, last = 0.0, clock()
+                    lock.acquire()
+                elif got is None or clock() - last >= self.spin:
+                    lock.acquire()  # someone else polls, or nothing came for a while
+                    sleep = min(self.poll_max, max(2e-5, sleep * 2))
+                    self.stats.sleeps += 1
+                    lock.wait(sleep)
+                else:
+                    time.sleep(0)  # a message came moments ago: the next is likely close
+                    self.stats.spins += 1
+                    lock.acquire()
+        finally:
+            self.pollers -= 1
+            self.wake.set()  # the progress thread takes over
+        return True
 
     def _call(self, t: int):
         task = self.graph.tasks[t]
@@ -308,6 +374,7 @@ class Executor:
         if self.net.size > 1:
             self.net.barrier()  # line the ranks' clocks up
         self.trace.start()
+        self._init_network()
         threads = [
             threading.Thread(
                 target=self._worker, args=(i,), name=f"taskgraph-worker-{i}", daemon=True
@@ -332,8 +399,7 @@ class Executor:
         self.stats.tasks = self.done
         self.stats.seconds = time.perf_counter() - t0
 
-    def _progress(self) -> None:
-        net = self.net
+    def _init_network(self) -> None:
         self.sends_waiting: deque[Message] = deque(self.plan.sends.get(INITIAL, ()))
         self.sends_active: list = []
         self.sends_active_msgs: list[tuple[Message, float]] = []
@@ -342,38 +408,69 @@ class Executor:
         self.recvs_active: list = []
         self.recvs_active_msgs: list[tuple[Message, np.ndarray | bytearray, float]] = []
         self.posted_bytes = 0
+
+    def _poll(self) -> bool:
+        """One pass over the network; True if anything happened. Token held."""
+        with self.lock:
+            finished = self.outbox
+            self.outbox = []
+        for t in finished:
+            self.sends_waiting.extend(self.plan.sends[t])
+        busy = bool(finished)
+        busy |= self._post_sends()
+        busy |= self._post_recvs()
+        busy |= self._test_recvs()
+        busy |= self._test_sends()
+        busy |= self._probe()
+        self.stats.polls += 1
+        return busy
+
+    def _try_poll(self) -> bool | None:
+        """Poll unless another thread is polling (then None). Lock not held."""
+        if not self.net_token.acquire(blocking=False):
+            return None
+        try:
+            return self._poll()
+        finally:
+            self.net_token.release()
+
+    def _transfers_left(self) -> bool:
+        return bool(
+            self.outbox
+            or self.sends_waiting
+            or self.sends_active
+            or self.recvs_left
+            or self.recvs_active
+        )
+
+    def _progress(self) -> None:
+        net = self.net
         ntasks = len(self.plan.tasks)
         sleep = 0.0
         while True:
             with self.lock:
-                finished = self.outbox
-                self.outbox = []
                 failed = self.failure is not None
                 all_done = self.done == ntasks
+                pollers = self.pollers
             if failed:
                 return
-            for t in finished:
-                self.sends_waiting.extend(self.plan.sends[t])
-            busy = bool(finished)
-            if net.size > 1:
-                busy |= self._post_sends()
-                busy |= self._post_recvs()
-                busy |= self._test_recvs()
-                busy |= self._test_sends()
-                busy |= self._probe()
-                self.stats.polls += 1
-            transfers = self.sends_waiting or self.sends_active or self.recvs_left
-            if all_done and not transfers:
-                return
+            busy = False
+            if net.size > 1 and not pollers:  # else an idle worker polls: let it
+                busy = bool(self._try_poll())
+            if all_done:
+                with self.net_token:  # no worker is half-way through a poll
+                    if not self._transfers_left():
+                        return
             if busy:
                 sleep = 0.0
                 continue
-            if net.size == 1 or (not self.sends_active and not self.recvs_left):
-                # nothing to poll: sleep until a worker hands over work
+            if net.size == 1 or pollers or not self._transfers_left():
+                # nothing to poll, or a worker polls: sleep until a worker hands over
                 self.wake.wait(0.05 if net.size > 1 else None)
             else:
-                # poll often only while a worker is idle (waiting on the network); while
-                # every worker computes, latency is hidden, so leave their cores alone
+                # back off: poll often only while a worker is idle (waiting on the
+                # network); while every worker computes, latency is hidden, so leave
+                # their cores alone
                 cap = self.poll_max if self._running < self.nworkers else 10 * self.poll_max
                 sleep = min(cap, max(2e-5, sleep * 2))
                 self.stats.sleeps += 1
@@ -401,7 +498,10 @@ class Executor:
 
     def _post_recvs(self) -> bool:
         posted = False
-        while self.recvs_todo and (self.posted_bytes < self.recv_budget or not self.recvs_active):
+        while self.recvs_todo and (
+            not self.recvs_active
+            or (self.posted_bytes < self.recv_budget and len(self.recvs_active) < self.max_recvs)
+        ):
             msg = self.recvs_todo.popleft()
             if (msg.src, msg.tag) not in self.expected:
                 continue  # arrived early, already taken by the probe
