@@ -12,7 +12,10 @@ Transfers are non-blocking and buffer-based::
     signal Isend(0 bytes) ----------------------> Improbe + Imrecv
     abort  Isend(pickled error, CONTROL_TAG) ---> Improbe, on every rank
 
-Only the thread that runs the executor's progress loop calls into a Network.
+One thread at a time calls into a Network (the executor's network token: its
+progress thread, or an idle worker polling), so MPI must provide at least
+``MPI_THREAD_SERIALIZED``; mpi4py asks for ``MPI_THREAD_MULTIPLE`` by default, and
+:class:`World` checks what the library granted.
 """
 
 from __future__ import annotations
@@ -176,6 +179,12 @@ class World:
         if use_mpi:
             from mpi4py import MPI
 
+            if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+                raise RuntimeError(
+                    "taskgraph calls MPI from more than one thread (one at a time) and "
+                    "needs MPI_THREAD_SERIALIZED or more; this MPI library granted "
+                    f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level"
+                )
             self.comm = MPI.COMM_WORLD
             self.rank = self.comm.Get_rank()
             self.size = self.comm.Get_size()

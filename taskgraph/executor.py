@@ -26,8 +26,10 @@ of the tile version it overwrites (a cross-rank write-after-read).
 A polling worker keeps polling (yielding the GIL) for ``spin`` seconds after the last
 message, then sleeps, doubling the sleep up to ``poll_max``; the progress thread
 always backs off that way and wakes at once when a worker hands it work: a rank that
-waits for a message does not burn a core. A task that raises stops this rank's workers, sends an abort to every
-other rank, and all ranks agree on the outcome (``Ibarrier`` then ``allgather``)
+waits for a message does not burn a core.
+
+A task that raises stops this rank's workers, sends an abort to every other rank,
+and all ranks agree on the outcome (``Ibarrier`` then ``allgather``)
 before the run's communicator is freed, so every rank raises the same
 :class:`~taskgraph.errors.TaskError`, and the next run starts clean.
 """
