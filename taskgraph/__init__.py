@@ -11,6 +11,7 @@ with tg.Graph("cholesky") as g:
 tg.Cluster().run(g).wait()
 """
 
+from . import teach
 from .access import Access, Mode
 from .cluster import Cluster, JobCluster, Run, compile_kernels, current_cluster
 from .errors import (
@@ -58,4 +59,5 @@ __all__ = [
     "kernel",
     "make_plan",
     "task",
+    "teach",
 ]

@@ -1,7 +1,12 @@
 """The ``taskgraph`` command.
 
 taskgraph demo [--ranks 2] [--n 4096] [--tile 512] [--dtype float64] [--json]
-taskgraph run -n 4 script.py [args...]
+taskgraph run -n 4 script.py|notebook.ipynb [args...]
+taskgraph convert notebook.ipynb [-o script.py]
+taskgraph sbatch notebook.ipynb|script.py --nodes 2 --ntasks-per-node 4
+                 --cpus-per-task 8 --time 1:00:00 [--partition P] [--account A]
+                 [--module M ...] [-o job.sh]
+taskgraph sbatch --engines --nodes 2 ... [-o engines.sh]   (engines for a notebook)
 """
 
 from __future__ import annotations
@@ -9,8 +14,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
-from . import config
+from . import config, convert, sbatch
 from .launch import run_ranks
 
 
@@ -34,12 +41,69 @@ def _run(argv: list[str]) -> int:
     p.add_argument(
         "--timeout", type=float, default=None, help="kill the job after this many seconds"
     )
-    p.add_argument("script", help="a Python script")
+    p.add_argument("script", help="a Python script or a notebook (.ipynb)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     args = p.parse_args(argv)
     if args.ranks < 1:
         p.error("-n must be at least 1")
-    return _launch(args.ranks, [args.script, *args.args], args.timeout)
+    if not convert.is_notebook(args.script):
+        return _launch(args.ranks, [args.script, *args.args], args.timeout)
+    with tempfile.TemporaryDirectory(prefix="taskgraph-run-") as tmp:
+        script = Path(tmp) / (Path(args.script).stem + ".py")
+        try:
+            _report(convert.convert_to_file(args.script, script))
+        except convert.ConversionError as exc:
+            print(f"taskgraph run: {exc}", file=sys.stderr)
+            return 2
+        return _launch(args.ranks, [str(script), *args.args], args.timeout)
+
+
+def _convert(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="taskgraph convert",
+        description="Turn a notebook into a script that runs on the ranks of an MPI job.",
+    )
+    p.add_argument("notebook", help="a Jupyter notebook (.ipynb)")
+    p.add_argument("-o", "--output", help="the script to write (default: stdout)")
+    args = p.parse_args(argv)
+    try:
+        if args.output:
+            _report(convert.convert_to_file(args.notebook, args.output))
+            print(f"taskgraph convert: wrote {args.output}", file=sys.stderr)
+        else:
+            text, notes = convert.convert_notebook(args.notebook)
+            sys.stdout.write(text)
+            _report(notes)
+    except convert.ConversionError as exc:
+        print(f"taskgraph convert: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _sbatch(argv: list[str]) -> int:
+    p = sbatch.parser()
+    args = p.parse_args(argv)
+    try:
+        options = sbatch.options_from_args(args)
+        render = sbatch.render_engines if args.engines else sbatch.render_job
+        text = render(options)
+        if args.output:
+            Path(args.output).write_text(text)
+            print(
+                f"taskgraph sbatch: wrote {args.output}; submit it with `sbatch {args.output}`",
+                file=sys.stderr,
+            )
+        else:
+            sys.stdout.write(text)
+    except (ValueError, OSError) as exc:
+        print(f"taskgraph sbatch: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _report(notes: list[str]) -> None:
+    for note in notes:
+        print(f"taskgraph convert: note: {note}", file=sys.stderr)
 
 
 def _launch(ranks: int, argv: list[str], timeout: float | None) -> int:
@@ -55,7 +119,7 @@ def _launch(ranks: int, argv: list[str], timeout: float | None) -> int:
         return 127
 
 
-COMMANDS = {"demo": _demo, "run": _run}
+COMMANDS = {"demo": _demo, "run": _run, "convert": _convert, "sbatch": _sbatch}
 
 
 def main(argv: list[str] | None = None) -> int:

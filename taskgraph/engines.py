@@ -92,7 +92,10 @@ class EngineCluster(Cluster):
             log_level=40,
         )
         try:
-            client = self._ipp.start_and_connect_sync()
+            # not start_and_connect: its wait draws ipyparallel's own progress bar in the
+            # notebook; _connect waits for the engines quietly
+            self._ipp.start_cluster_sync()
+            client = self._ipp.connect_client_sync()
             self._connect(client, n)
         except BaseException:
             self._stop_started()
@@ -144,7 +147,7 @@ class EngineCluster(Cluster):
 
         try:
             if connection_file is not None:
-                client = ipp.Client(url_file=connection_file, timeout=timeout)
+                client = ipp.Client(connection_file, timeout=timeout)
                 ipp_cluster = None
             else:
                 ipp_cluster = ipp.Cluster.from_file(profile=profile, cluster_id=cluster_id or "")

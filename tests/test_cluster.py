@@ -7,6 +7,7 @@ environment marked so that the test fails (and kills them) if any process is lef
 from __future__ import annotations
 
 import _thread
+import gc
 import os
 import signal
 import threading
@@ -100,6 +101,7 @@ def test_a_run_is_one_message_per_engine_however_many_tasks(cluster):
     A = tg.TiledMatrix.random_spd(1024, 64, cluster=cluster)
     g = cholesky(A)
     assert g.ntasks > 500
+    gc.collect()  # matrices of earlier tests, when collected, tell the engines to forget them
     before = len(cluster.client.history)
     cluster.run(g).wait()
     assert len(cluster.client.history) - before == cluster.size
@@ -281,6 +283,14 @@ def test_attach_to_engines_started_elsewhere(marker):
             c.run(cholesky(A)).wait()
             assert cholesky_residual(spd_dense(512, 128), A.gather()) < 1e-14
         assert outside.engines, "attaching and closing must not stop someone else's engines"
+        # the way a SLURM job's engines are reached: the controller's client file
+        client_file = os.path.join(
+            outside.profile_dir, "security", f"ipcontroller-{outside.cluster_id}-client.json"
+        )
+        with tg.Cluster.attach(connection_file=client_file, n=2) as c:
+            B = tg.TiledMatrix.random_spd(256, 128, cluster=c)
+            c.run(cholesky(B)).wait()
+            assert cholesky_residual(spd_dense(256, 128), B.gather()) < 1e-14
     finally:
         outside.stop_cluster_sync()
 

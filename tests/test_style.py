@@ -10,7 +10,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-PATHS = ["taskgraph", "kernels", "tests", "benchmarks", "examples"]
+PATHS = ["taskgraph", "kernels", "tests", "benchmarks", "examples", "slurm", "notebooks"]
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]])

@@ -1,0 +1,4 @@
+"""SLURM job templates and a JupyterHub example, installed as ``taskgraph.slurm``.
+
+The files here are data (see README.md); ``taskgraph.sbatch`` fills the templates.
+"""

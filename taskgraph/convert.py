@@ -1,0 +1,564 @@
+"""From a notebook to a batch script: ``taskgraph convert NOTEBOOK.ipynb -o script.py``.
+
+A notebook drives ipyparallel engines from one client; a batch job runs the same
+script on every MPI rank. The conversion keeps the user's code and changes only what
+has no meaning in batch:
+
+======================================  ================================================
+in the notebook                         in the script
+======================================  ================================================
+``tg.Cluster(n=4)``, ``.attach(...)``   ``tg.Cluster()``: the job's own ranks (n is the
+                                        job's: ``mpiexec -n 4``, ``srun``)
+``A.gather()`` (array in the client)    ``A.gather(root=None)``: the array on every rank,
+                                        so code after it runs the same everywhere
+``run.show()``, a run displayed         ``run.show()``: a progress line, trace files in
+                                        ``TASKGRAPH_TRACE_DIR``
+the value of a cell's last expression,  ``_tgnb.display(...)``: printed as IPython
+``display(x)``                          prints it (widgets print nothing)
+``%time``, ``%%time``, ``%timeit``      timed once, ``Wall time: ...`` printed
+``!cmd``, ``%%bash``, ``%%writefile``   run on rank 0 only, then a barrier
+``x = !cmd``                            the command's lines, on every rank
+``%env``, ``%cd``, ``%run``, ``%%capture``  ``os.environ``, ``os.chdir``, ``runpy``,
+                                        output captured
+``%matplotlib``, ``%load_ext``, ``?``   a comment (nothing to do in batch)
+======================================  ================================================
+
+Only rank 0 prints: the script's prologue, :func:`rank0_prints`, points ``sys.stdout``
+of the other ranks at ``os.devnull`` (their ``stderr`` stays, so every rank's errors
+and warnings are seen). Delete that line to hear from every rank.
+
+How: IPython's own input transformer turns each cell's magics into
+``get_ipython().run_line_magic(...)`` calls (the same tokens IPython runs); the
+calls and the expressions above are then found in the syntax tree and their source
+spans replaced, so the rest of the cell, comments included, is kept verbatim.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import math
+import os
+import shlex
+import sys
+import time
+import tokenize
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConversionError(ValueError):
+    """The notebook cannot be converted; the message says what to fix."""
+
+
+# -- reading the notebook --------------------------------------------------------------
+
+
+def read_notebook(path: str | os.PathLike):
+    """The notebook at ``path`` (nbformat v4), or a ConversionError saying what is wrong."""
+    import nbformat
+
+    p = Path(path)
+    if not p.exists():
+        raise ConversionError(f"{p}: no such notebook; check the path (cwd is {os.getcwd()})")
+    if p.is_dir():
+        raise ConversionError(f"{p} is a directory; give a .ipynb file")
+    try:
+        nb = nbformat.read(p, as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:  # noqa: BLE001 - nbformat raises JSON, validation, key errors
+        raise ConversionError(
+            f"{p} is not a Jupyter notebook ({type(exc).__name__}: {str(exc)[:200]}); "
+            "give an .ipynb file saved by Jupyter, or a Python script to `taskgraph run`"
+        ) from None
+    return nb
+
+
+# -- converting code --------------------------------------------------------------------
+
+
+@dataclass
+class Converter:
+    """Converts cells one by one; remembers how taskgraph was imported, and notes."""
+
+    imports_taskgraph: bool = False
+    cluster_names: set[str] = field(default_factory=set)  # "tg.Cluster", "Cluster"
+    notes: list[str] = field(default_factory=list)
+    where: str = ""
+
+    def cell(self, source: str, where: str) -> str:
+        self.where = where
+        return self.code(source, interactive=True)
+
+    def code(self, source: str, interactive: bool) -> str:
+        """Python for ``source`` (a cell, or a magic's argument): magics replaced."""
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        python = TransformerManager().transform_cell(source)
+        tree = self._parse(python)
+        self._note_imports(tree)
+        python = _apply(python, self._expression_edits(python, tree))
+        tree = self._parse(python)
+        return _apply(python, self._statement_edits(python, tree, interactive))
+
+    def _parse(self, python: str) -> ast.Module:
+        try:
+            return ast.parse(python)
+        except SyntaxError as exc:
+            raise ConversionError(
+                f"{self.where}, line {exc.lineno}: {exc.msg}; fix the cell (it would "
+                "fail in the notebook too)"
+            ) from None
+
+    def _note_imports(self, tree: ast.Module) -> None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == "taskgraph" or alias.name.startswith("taskgraph."):
+                        self.imports_taskgraph = True
+                        if alias.name == "taskgraph":
+                            self.cluster_names.add(f"{alias.asname or 'taskgraph'}.Cluster")
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "taskgraph" or node.module.startswith("taskgraph."):
+                    self.imports_taskgraph = True
+                    for alias in node.names:
+                        if alias.name in ("Cluster", "EngineCluster"):
+                            self.cluster_names.add(alias.asname or alias.name)
+
+    # -- pass 1: expressions ----------------------------------------------------------
+
+    def _expression_edits(self, python: str, tree: ast.Module) -> list[_Edit]:
+        edits = []
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = ast.get_source_segment(python, node.func) or ""
+            if func in self.cluster_names or _attach_of(func, self.cluster_names):
+                keep = [k for k in node.keywords if k.arg in ("workers", "blas_threads")]
+                args = ", ".join(ast.unparse(k) for k in keep)
+                base = func[: -len(".attach")] if func.endswith(".attach") else func
+                edits.append(_Edit.span(node, f"{base}({args})"))
+            elif isinstance(node.func, ast.Attribute) and node.func.attr == "gather":
+                if not node.args and not node.keywords:
+                    edits.append(_Edit.span(node, f"{func}(root=None)"))
+            elif isinstance(node.func, ast.Name) and node.func.id == "display":
+                edits.append(_Edit.span(node.func, "_tgnb.display"))
+            elif func in ("get_ipython().system", "get_ipython().getoutput"):
+                edits.append(_Edit.span(node.func, "_tgnb." + func.rsplit(".", 1)[1]))
+        return edits
+
+    # -- pass 2: statements -----------------------------------------------------------
+
+    def _statement_edits(self, python: str, tree: ast.Module, interactive: bool) -> list[_Edit]:
+        edits = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Expr) and (magic := _magic(node.value)):
+                edits.append(_Edit.lines(node, self._magic(*magic, last=node is tree.body[-1])))
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and _magic(
+                node.value
+            ):
+                raise ConversionError(
+                    f"{self.where}, line {node.lineno}: the value of a magic "
+                    f"({ast.get_source_segment(python, node)!r}) cannot be converted; "
+                    "write the magic as a statement of its own"
+                )
+        last = tree.body[-1] if tree.body else None
+        if (
+            interactive
+            and isinstance(last, ast.Expr)
+            and not _magic(last.value)
+            and not _shows_nothing(last.value)
+            and not _ends_with_semicolon(python)
+        ):
+            text = ast.get_source_segment(python, last.value)
+            edits.append(_Edit.span(last.value, f"_tgnb.display({text})"))
+        return edits
+
+    def _magic(self, kind: str, name: str, line: str, body: str, last: bool) -> str:
+        """Python for one magic statement (without indentation)."""
+        q = repr
+        if kind == "cell":
+            if name in ("time", "timeit"):
+                inner = self.code(body, interactive=last)
+                return f"with _tgnb.timed({q(name)}):\n" + _indent(inner)
+            if name in ("bash", "sh", "script") and (name != "script" or line.strip()):
+                shell = line.strip() if name == "script" else name
+                return f"_tgnb.system({q(body)}, shell={q(shell)})"
+            if name in ("writefile", "file"):
+                return f"_tgnb.writefile({q(line.strip())}, {q(body)})"
+            if name == "capture":
+                words = [w for w in line.split() if not w.startswith("-")]
+                var = words[-1] if words else "_"
+                return f"with _tgnb.capture() as {var}:\n" + _indent(self.code(body, False))
+            if name in ("html", "HTML", "javascript", "js", "markdown", "latex", "svg"):
+                return f"# taskgraph convert: %%{name} cell left out (display only)"
+            return self._unknown(f"%%{name} {line}".rstrip(), cell=True)
+        if name in ("time", "timeit"):
+            stmt = _strip_options(line) if name == "timeit" else line
+            inner = self.code(stmt, interactive=last)
+            return f"with _tgnb.timed({q(name)}):\n" + _indent(inner)
+        if name == "env":
+            if "=" in line:
+                key, value = line.split("=", 1)
+            elif len(line.split()) == 2:
+                key, value = line.split()
+            elif line.strip():
+                return f"print(os.environ.get({q(line.strip())}))"
+            else:
+                return "print(dict(os.environ))"
+            return f"os.environ[{q(key.strip())}] = {q(value.strip())}"
+        if name == "cd":
+            return f"os.chdir(os.path.expanduser({q(line.strip())}))"
+        if name == "run":
+            return f"globals().update(_tgnb.run_path({q(line.strip())}))"
+        if name in ("sx", "system"):
+            return f"_tgnb.system({q(line)})"
+        if name in _COMMENTED:
+            return f"# taskgraph convert: %{name} {line}  ({_COMMENTED[name]})".rstrip()
+        return self._unknown(f"%{name} {line}".rstrip(), cell=False)
+
+    def _unknown(self, text: str, cell: bool) -> str:
+        first = text.splitlines()[0]
+        self.notes.append(f"{self.where}: {first!r} has no batch equivalent; left out")
+        return f"# taskgraph convert: left out {'cell ' if cell else ''}magic {first}"
+
+
+_COMMENTED = {
+    "matplotlib": "figures are saved, not shown, in batch",
+    "pylab": "import numpy/matplotlib explicitly in batch",
+    "load_ext": "no IPython extensions in batch",
+    "reload_ext": "no IPython extensions in batch",
+    "autoreload": "no IPython extensions in batch",
+    "aimport": "no IPython extensions in batch",
+    "config": "IPython configuration",
+    "pip": "install packages before the job",
+    "conda": "install packages before the job",
+    "mamba": "install packages before the job",
+    "pinfo": "help",
+    "pinfo2": "help",
+    "who": "interactive",
+    "whos": "interactive",
+    "history": "interactive",
+    "precision": "interactive",
+    "xmode": "interactive",
+    "pdb": "interactive",
+    "debug": "interactive",
+    "load": "paste the file's code into the notebook instead",
+    "ls": "interactive",
+    "pwd": "interactive",
+}
+
+
+@dataclass
+class _Edit:
+    """Replace source from (line, col) to (end_line, end_col), 1-based lines."""
+
+    start: tuple[int, int]
+    end: tuple[int, int]
+    text: str
+
+    @classmethod
+    def span(cls, node, text: str) -> _Edit:
+        return cls((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text)
+
+    @classmethod
+    def lines(cls, node, text: str) -> _Edit:
+        """Replace the statement's whole lines; ``text`` gets the statement's indent."""
+        pad = " " * node.col_offset
+        indented = "\n".join(pad + line if line else line for line in text.splitlines())
+        return cls((node.lineno, 0), (node.end_lineno, 10**9), indented)
+
+
+def _apply(source: str, edits: list[_Edit]) -> str:
+    """``source`` with the edits made (an edit inside an earlier one is dropped)."""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(pos: tuple[int, int]) -> int:
+        line, col = pos
+        text = lines[line - 1] if line - 1 < len(lines) else ""
+        col = min(col, len(text.rstrip("\r\n")))
+        # ast columns count UTF-8 bytes
+        return starts[line - 1] + len(text.encode()[:col].decode(errors="ignore"))
+
+    spans = sorted(((offset(e.start), offset(e.end), e.text) for e in edits), reverse=True)
+    out, limit = source, len(source) + 1
+    for a, b, text in spans:
+        if b <= limit:
+            out = out[:a] + text + out[b:]
+            limit = a
+    return out
+
+
+def _magic(node: ast.expr | None) -> tuple[str, str, str, str] | None:
+    """(kind, name, line, body) for ``get_ipython().run_line/cell_magic(...)``."""
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("run_line_magic", "run_cell_magic")
+        and isinstance(node.func.value, ast.Call)
+        and isinstance(node.func.value.func, ast.Name)
+        and node.func.value.func.id == "get_ipython"
+    ):
+        return None
+    args = [ast.literal_eval(a) for a in node.args]
+    if node.func.attr == "run_line_magic":
+        return ("line", args[0], args[1], "")
+    return ("cell", args[0], args[1], args[2])
+
+
+def _attach_of(func: str, cluster_names: set[str]) -> bool:
+    return func.endswith(".attach") and func[: -len(".attach")] in cluster_names
+
+
+def _shows_nothing(node: ast.expr) -> bool:
+    """A call whose value is None or a live view: ``print(...)``, ``display(...)``,
+    ``run.show()``, ``cluster.close()``, ``!cmd``. Not wrapped in ``_tgnb.display``."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    if isinstance(f, ast.Name):
+        return f.id in ("print", "display")
+    return isinstance(f, ast.Attribute) and f.attr in ("display", "show", "close", "system")
+
+
+def _ends_with_semicolon(python: str) -> bool:
+    """A cell ending in ``;`` shows nothing, as in IPython."""
+    skip = {tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER}
+    skip |= {tokenize.INDENT, tokenize.DEDENT}
+    last = None
+    for tok in tokenize.generate_tokens(io.StringIO(python).readline):
+        if tok.type not in skip:
+            last = tok
+    return last is not None and last.string == ";"
+
+
+def _strip_options(line: str) -> str:
+    """``-n 10 -r 3 f()`` -> ``f()`` (timeit's options; one timed run in batch)."""
+    words = line.split()
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        i += 2 if words[i] in ("-n", "-r", "-p") else 1
+    return " ".join(words[i:])
+
+
+def _indent(code: str) -> str:
+    body = "\n".join("    " + line if line.strip() else line for line in code.splitlines())
+    return body if body.strip() else "    pass"
+
+
+# -- the whole notebook -----------------------------------------------------------------
+
+HEADER = '''\
+#!/usr/bin/env python
+"""{stem}: converted from the notebook {source} by `taskgraph convert`.
+
+Run it on N MPI ranks (every rank runs this script; tg.Cluster() is the job's ranks):
+
+    mpiexec -n N python {script}
+    taskgraph run -n N {script}
+
+Only rank 0 prints (the _tgnb.rank0_prints() line below). run.show() prints a
+progress line and writes the trace files into $TASKGRAPH_TRACE_DIR (default: the
+current directory). Lines marked "taskgraph convert:" were IPython-only.
+"""
+
+import os  # noqa: F401 - used by converted magics
+
+import taskgraph.convert as _tgnb
+
+_tgnb.rank0_prints()
+'''
+
+
+def convert_notebook(path: str | os.PathLike, script_name: str = "script.py") -> tuple[str, list]:
+    """The batch script for the notebook at ``path``, and notes on what was left out."""
+    nb = read_notebook(path)
+    conv = Converter()
+    parts = [HEADER.format(stem=Path(script_name).stem, source=Path(path).name, script=script_name)]
+    count = 0
+    for i, cell in enumerate(nb.cells, 1):
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        count += 1
+        code = conv.cell(cell.source, f"{Path(path).name}, cell {i}")
+        parts.append(f"\n# %% cell {i}\n{code.rstrip()}\n")
+    if not conv.imports_taskgraph:
+        what = f"its {count} code cells" if count else "it has no code cells, so"
+        raise ConversionError(
+            f"{path}: no taskgraph code ({what} never import taskgraph); add "
+            "`import taskgraph as tg` and build a graph, or run it with jupyter nbconvert"
+        )
+    return "".join(parts), conv.notes
+
+
+def convert_to_file(notebook: str | os.PathLike, script: str | os.PathLike) -> list[str]:
+    """Write the batch script for ``notebook`` to ``script``; the notes."""
+    text, notes = convert_notebook(notebook, Path(script).name)
+    Path(script).write_text(text)
+    return notes
+
+
+def is_notebook(path: str | os.PathLike) -> bool:
+    return str(path).endswith(".ipynb")
+
+
+# -- what the converted script calls at run time --------------------------------------
+
+
+def _rank() -> int:
+    from . import config
+
+    if not config.use_mpi():
+        return 0
+    from .comm import world
+
+    return world().rank
+
+
+def _barrier() -> None:
+    from . import config
+
+    if config.use_mpi():
+        from .comm import world
+
+        world().barrier()
+
+
+def rank0_prints() -> None:
+    """Point ``sys.stdout`` of every rank but 0 at ``os.devnull`` (stderr stays)."""
+    if _rank() != 0:
+        sys.stdout = open(os.devnull, "w")  # open for the life of the process
+
+
+def display(*objs, **kwargs) -> None:
+    """What a notebook shows for each object, in batch: IPython's plain-text form.
+
+    Widgets (a run's live view among them) and None show nothing. Inside a timed
+    block (``%time``) the value is shown after the times, as IPython does.
+    """
+    if _deferred is not None:
+        _deferred.extend(objs)
+        return
+    for obj in objs:
+        if obj is None or _is_widget(obj):
+            continue
+        try:
+            from IPython.lib.pretty import pretty
+
+            text = pretty(obj)
+        except ImportError:
+            text = repr(obj)
+        print(text)
+
+
+def _is_widget(obj) -> bool:
+    names = {c.__name__ for c in type(obj).__mro__}
+    return bool(names & {"TextView", "RunView", "Widget", "DOMWidget"})
+
+
+_deferred: list | None = None  # values displayed inside a timed block
+
+
+@contextmanager
+def timed(label: str = "time") -> Iterator[None]:
+    """``%time`` in batch: the block's CPU and wall times, printed as IPython does.
+
+    ``%timeit`` runs its statement once: a loop of collective calls whose length
+    depended on each rank's clock could hang the job.
+    """
+    global _deferred
+    outer, _deferred = _deferred, []
+    t0, wall = os.times(), time.perf_counter()
+    try:
+        yield
+    finally:
+        t1, wall = os.times(), time.perf_counter() - wall
+        shown, _deferred = _deferred, outer
+        user, system = t1.user - t0.user, t1.system - t0.system
+        print(f"CPU times: user {_fmt(user)}, sys: {_fmt(system)}, total: {_fmt(user + system)}")
+        note = "  (%timeit: one run in batch)" if label == "timeit" else ""
+        print(f"Wall time: {_fmt(wall)}{note}")
+    display(*shown)
+
+
+def _fmt(seconds: float) -> str:
+    """IPython's format: three significant digits in s, ms, µs or ns."""
+    if seconds >= 60:
+        return f"{int(seconds // 60)}min {seconds % 60:.0f}s"
+    units = [("s", 1.0), ("ms", 1e3), ("µs", 1e6), ("ns", 1e9)]
+    order = 0 if seconds >= 1 else 3
+    if 0 < seconds < 1:
+        order = min((2 - math.floor(math.log10(seconds))) // 3, 3)
+    unit, scale = units[order]
+    return f"{seconds * scale:.3g} {unit}"
+
+
+def _expand(cmd: str, depth: int = 2) -> str:
+    """IPython's ``$name`` and ``{expr}`` expansion, in the caller's namespace."""
+    frame = sys._getframe(depth)
+    ns = {**frame.f_globals, **frame.f_locals}
+    try:
+        from IPython.utils.text import DollarFormatter
+
+        return DollarFormatter().vformat(cmd, args=[], kwargs=ns)
+    except Exception:  # noqa: BLE001 - IPython also runs the command unexpanded then
+        return cmd
+
+
+def system(cmd: str, shell: str = "sh") -> int:
+    """``!cmd`` in batch: run on rank 0 only, then every rank waits; its exit status."""
+    import subprocess
+
+    code = 0
+    if _rank() == 0:
+        cmd = _expand(cmd) if shell == "sh" and "\n" not in cmd else cmd
+        sys.stdout.flush()
+        code = subprocess.run([shell, "-c", cmd], check=False).returncode
+    _barrier()
+    return code
+
+
+def getoutput(cmd: str) -> list[str]:
+    """``x = !cmd`` in batch: the command's output lines, run on every rank."""
+    import subprocess
+
+    out = subprocess.run(_expand(cmd), shell=True, capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()
+
+
+def writefile(args: str, body: str) -> None:
+    """``%%writefile [-a] name`` in batch: rank 0 writes, every rank waits."""
+    words = shlex.split(args)
+    append = bool({"-a", "--append"} & set(words))
+    name = [w for w in words if not w.startswith("-")][-1]
+    if _rank() == 0:
+        with open(name, "a" if append else "w") as f:
+            f.write(body)
+    _barrier()
+
+
+@contextmanager
+def capture() -> Iterator[object]:
+    """``%%capture var`` in batch: the block's stdout and stderr, kept in ``var``."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output(display=False) as captured:
+        yield captured
+
+
+def run_path(path: str) -> dict:
+    """``%run script.py``: run it and return its globals (they join the notebook's)."""
+    import runpy
+
+    words = shlex.split(path)
+    saved = sys.argv
+    sys.argv = words
+    try:
+        return runpy.run_path(words[0], run_name="__main__")
+    finally:
+        sys.argv = saved
