@@ -37,8 +37,18 @@ def main(argv=None) -> None:
     names = SUITES if args.what == "all" else [args.what]
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    failed = []
     for name in names:
-        results = run_suite(name, args.quick)
+        t1 = time.perf_counter()
+        try:
+            results = run_suite(name, args.quick)
+        except Exception as exc:  # noqa: BLE001 - one suite failing must not lose the others
+            if args.what != "all":
+                raise
+            print(f"# suite {name} failed: {type(exc).__name__}: {exc}", flush=True)
+            failed.append(name)
+            continue
+        print(f"# suite {name} took {time.perf_counter() - t1:.0f} s", flush=True)
         if args.what == "all" or not args.quick:
             (args.out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
     if args.what == "all":
@@ -46,6 +56,8 @@ def main(argv=None) -> None:
 
         write_report(args.out)
         print(f"# suite took {time.perf_counter() - t0:.0f} s; results in {args.out}")
+        if failed:
+            raise SystemExit(f"suites that failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
