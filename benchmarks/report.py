@@ -276,6 +276,9 @@ def tracing_section(rows: list[Row]) -> str:
 # -- plots -------------------------------------------------------------------------------
 
 
+CONFIG_COLOURS = {"1×1": "C4", "1×2": "C0", "2×1": "C1", "4×1": "C3"}
+
+
 def plots(rows: list[Row], out: Path) -> list[str]:
     try:
         import matplotlib
@@ -297,22 +300,27 @@ def plots(rows: list[Row], out: Path) -> list[str]:
                 continue
             sizes = sorted({r["n"] for r in here})
             for cfg in sorted({config(r) for r in here}):
+                ns = sorted({r["n"] for r in here if config(r) == cfg and (r["n"], dtype) in base})
+                if len(ns) < 2:
+                    continue  # a scaling run at one size only: in the scaling plot
                 best = [
-                    max((r["gflops"] for r in here if r["n"] == n and config(r) == cfg), default=0)
-                    for n in sizes
+                    max(r["gflops"] for r in here if r["n"] == n and config(r) == cfg) for n in ns
                 ]
-                ax.plot(sizes, best, "o-", label=f"taskgraph {cfg} (best tile)")
+                colour = CONFIG_COLOURS.get(cfg.split(" ")[0], None)
+                ax.plot(ns, best, "o-", color=colour, label=f"taskgraph {cfg} (best tile)")
             for key, label, style in (
                 ("lapack_gflops", "scipy LAPACK, 2 threads", "s--"),
                 ("dask_gflops", "dask.array, best chunk", "^--"),
             ):
-                ys = [base[n, dtype][key] if (n, dtype) in base else None for n in sizes]
-                if any(y is not None for y in ys):
-                    ax.plot(sizes, ys, style, label=label)
+                ns = [n for n in sizes if (n, dtype) in base]
+                if ns:
+                    colour = "grey" if key == "lapack_gflops" else "black"
+                    ax.plot(ns, [base[n, dtype][key] for n in ns], style, color=colour, label=label)
+            sizes = sorted({n for n in sizes if (n, dtype) in base}) or sizes
             peaks = [
                 max((r["gemm_peak_gflops"] for r in here if r["n"] == n), default=0) for n in sizes
             ]
-            ax.plot(sizes, peaks, ":", color="grey", label="GEMM peak (in-run)")
+            ax.plot(sizes, peaks, ":", color="silver", label="GEMM peak (in-run)")
             ax.set_title(f"tiled Cholesky, {dtype}")
             ax.set_xlabel("n")
             ax.set_ylabel("GFLOP/s")

@@ -9,7 +9,7 @@ TASKGRAPH_WORKERS              worker threads per rank                         c
 TASKGRAPH_BLAS_THREADS         BLAS threads per worker                         1
 TASKGRAPH_MAX_SENDS            sends in flight per rank                        64
 TASKGRAPH_RECV_BUDGET_MB       bytes of receives posted ahead per rank         512
-TASKGRAPH_MAX_RECVS            receives posted ahead per rank (more: probed)   64
+TASKGRAPH_MAX_RECVS            receives posted ahead per rank (more: probed)   16
 TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      250
 TASKGRAPH_SPIN_US              keep polling this long after the last message   300
 TASKGRAPH_TRACE_DIR            where scripts' ``run.show()`` writes traces     .
@@ -91,7 +91,7 @@ def recv_budget() -> int:
 
 
 def max_recvs() -> int:
-    return max(1, _int("TASKGRAPH_MAX_RECVS", 64))
+    return max(1, _int("TASKGRAPH_MAX_RECVS", 16))
 
 
 def poll_max() -> float:

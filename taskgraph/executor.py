@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import os
 import threading
 import time
 import traceback
@@ -236,7 +237,8 @@ class Executor:
                 if self.outbox and self.net.size > 1:  # post this task's sends now
                     lock.release()
                     try:
-                        self._try_poll()
+                        if self._try_poll() is None:  # another thread polls: hand over
+                            self.wake.set()
                     except BaseException as exc:  # noqa: BLE001 - reported to every rank
                         lock.acquire()
                         self._fail(None, exc)
@@ -275,12 +277,14 @@ class Executor:
                     self.stats.sleeps += 1
                     lock.wait(sleep)
                 else:
-                    time.sleep(0)  # a message came moments ago: the next is likely close
+                    os.sched_yield()  # a message came moments ago: the next is likely close
                     self.stats.spins += 1
                     lock.acquire()
         finally:
+            # the progress thread takes over within poll_max (not woken now: for a
+            # short task this worker is back polling before it would matter, and
+            # waking it would make this worker wait for the GIL)
             self.pollers -= 1
-            self.wake.set()  # the progress thread takes over
         return True
 
     def _call(self, t: int):
@@ -335,8 +339,9 @@ class Executor:
         if woken > 1:
             self.lock.notify(woken - 1)  # this worker takes one itself
         if t in self.plan.sends:
-            self.outbox.append(t)
-            self.wake.set()
+            self.outbox.append(t)  # the worker posts them itself if it can (see _worker)
+            if self.net.size == 1:
+                self.wake.set()
         if self.done == len(self.plan.tasks):
             self.wake.set()
 
@@ -466,8 +471,10 @@ class Executor:
             if busy:
                 sleep = 0.0
                 continue
-            if net.size == 1 or pollers or not self._transfers_left():
-                # nothing to poll, or a worker polls: sleep until a worker hands over
+            if pollers:  # a worker polls; look again soon in case it stops
+                self.wake.wait(self.poll_max)
+            elif net.size == 1 or not self._transfers_left():
+                # nothing to poll: sleep until a worker hands over
                 self.wake.wait(0.05 if net.size > 1 else None)
             else:
                 # back off: poll often only while a worker is idle (waiting on the

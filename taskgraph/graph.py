@@ -442,6 +442,10 @@ class Graph:
         text = repr(a)
         return text if len(text) <= 40 else text[:37] + "..."
 
+    def drop_caches(self) -> None:
+        """Forget the successor lists (they are rebuilt when next needed)."""
+        self._succ = None
+
     def successors(self) -> list[list[int]]:
         """Each task's successors (computed once per shape of the graph; do not modify)."""
         if self._succ is None:

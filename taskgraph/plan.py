@@ -103,7 +103,10 @@ def make_plan(graph: Graph, nranks: int, owner: Callable | None = None) -> Plan:
     distribution decides.
     """
     with paused_gc():  # many small acyclic objects: see Graph.__enter__
-        return _make_plan(graph, nranks, owner)
+        try:
+            return _make_plan(graph, nranks, owner)
+        finally:
+            graph.drop_caches()  # ~100 bytes a task that the plan no longer needs
 
 
 def _make_plan(graph: Graph, nranks: int, owner: Callable | None) -> Plan:
