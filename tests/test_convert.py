@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 
+import nbclient
 import nbformat
 import pytest
-from conftest import _clean_env
+from conftest import _clean_env, assert_none_left
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from taskgraph import convert
@@ -205,7 +207,7 @@ def test_convert_writes_a_script_headed_by_its_notebook(tmp_path, run_cli):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
-def test_the_script_prints_on_two_ranks_what_one_process_prints(tmp_path, run_cli, mpirun):
+def test_the_script_on_two_ranks_prints_what_the_notebook_prints(tmp_path, run_cli, mpirun):
     nb = write_notebook(tmp_path / "chol.ipynb", CHOLESKY_CELLS)
     script = tmp_path / "chol.py"
     assert convert.convert_to_file(nb, script) == []
@@ -222,6 +224,31 @@ def test_the_script_prints_on_two_ranks_what_one_process_prints(tmp_path, run_cl
     assert one.returncode == 0, one.stderr
     expected = [line for line in one.stdout.splitlines() if line.startswith(("residual", "sum"))]
     assert len(expected) == 2 and expected[0].endswith("small=True"), one.stdout
+
+    # the notebook itself, in a kernel, on 2 real engines, prints the same numbers
+    executed = nbformat.read(str(nb), as_version=4)
+    marker = uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TASKGRAPH_TEST_JOB", marker)  # inherited by the kernel and its engines
+        mp.setenv("JUPYTER_PLATFORM_DIRS", "1")
+        try:
+            nbclient.NotebookClient(
+                executed,
+                timeout=120,
+                kernel_name="python3",
+                resources={"metadata": {"path": str(tmp_path)}},
+            ).execute()
+        finally:
+            assert_none_left(marker)
+    printed = [
+        line
+        for c in executed.cells
+        if c.cell_type == "code"
+        for out in c.outputs
+        if out.get("name") == "stdout"
+        for line in out["text"].splitlines()
+    ]
+    assert [line for line in printed if line.startswith(("residual", "sum"))] == expected
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
