@@ -43,13 +43,18 @@ def parse_modes(spec: str | Sequence) -> tuple[Mode, ...]:
 
 
 class Access:
-    """A tile together with the way a task uses it (``A[i, j].rw``)."""
+    """A tile together with the way a task uses it (``A[i, j].rw``).
 
-    __slots__ = ("tile", "mode")
+    ``code`` is the mode as a plain int (1, 2, 3): recording a task tests it millions
+    of times, and operators on an ``IntFlag`` are Python-level calls.
+    """
 
-    def __init__(self, tile, mode: Mode):
+    __slots__ = ("tile", "mode", "code")
+
+    def __init__(self, tile, mode: Mode, code: int | None = None):
         self.tile = tile
         self.mode = mode
+        self.code = int(mode) if code is None else code
 
     def __repr__(self) -> str:
         return f"{self.tile!r}.{self.mode.mark}"

@@ -55,7 +55,7 @@ class Ref:
 
     def __init__(self, data: int, mode: int):
         self.data = data
-        self.mode = int(mode)
+        self.mode = mode
 
 
 @dataclass(slots=True)
@@ -176,6 +176,22 @@ def task(fn: Callable | None = None, *, cost: float = 1.0):
 
 _stack = threading.local()
 
+# (mode, tile shape, dtype) of a kernel argument -> a small int, for signature keys
+_SIGNATURES: dict[tuple, int] = {}
+_SIGNATURE_OF: dict[int, tuple] = {}
+
+
+def _check_signature(kernel, key: tuple[int, ...]) -> tuple[str, float]:
+    """Check a kernel's arguments once per signature; remember (problem, flops)."""
+    if len(_SIGNATURE_OF) != len(_SIGNATURES):
+        _SIGNATURE_OF.update({v: k for k, v in _SIGNATURES.items()})
+    sig = [_SIGNATURE_OF[k] for k in key]
+    modes, shapes, dtypes = [Mode(s[0]) for s in sig], [s[1] for s in sig], [s[2] for s in sig]
+    problem = kernel.check(modes, shapes, dtypes)
+    known = (problem, kernel.cost(shapes) if not problem else 0.0)
+    kernel.signatures[key] = known
+    return known
+
 
 class Graph:
     """A task graph: tasks, the data they touch, and the edges between them."""
@@ -190,14 +206,19 @@ class Graph:
         self._values: dict[int, int] = {}  # task -> the data id of its value
         self._order: list[int] | None = None
         self._succ: list[list[int]] | None = None
+        self._backward = False  # an explicit dependency on a later task exists
         self.results: dict[int, object] = {}
         self.result_ranks: dict[int, int] = {}
         self.fetch: Callable[[int], object] | None = None  # gets a value from an engine
+        self._marks: dict[Access, tuple[int, Ref, int]] = {}  # while recording only
+        self._refs: dict[tuple[int, int], Ref] = {}
+        self._matrices: dict[int, TiledMatrix] = {}
 
     def __getstate__(self) -> dict:
         # what travels to the engines: the tasks and data, not results or hooks
         state = dict(self.__dict__)
-        state.update(results={}, fetch=None, _order=None, _succ=None)
+        state.update(results={}, fetch=None, _order=None, _succ=None, _marks={}, _refs={})
+        state.update(_matrices={})
         return state
 
     # -- context -------------------------------------------------------------------
@@ -215,6 +236,12 @@ class Graph:
 
     def __exit__(self, *exc) -> None:
         _stack.graphs.pop()
+        # the recording caches hold tile handles, which refer back to their matrices
+        self._marks = {}
+        self._refs = {}
+        for m in self._matrices.values():
+            m.forget_handles()
+        self._matrices = {}
         if self.__dict__.pop("_gc_was_enabled", True):
             gc.enable()
 
@@ -245,38 +272,91 @@ class Graph:
     def add_kernel_task(self, kernel, args) -> TaskRef:
         """Record ``kernel(*args)``; every argument must be a marked tile.
 
-        The check of modes, shapes and dtypes against the kernel's declaration, and
-        the task's flops, are computed once per distinct signature and then looked up:
-        a Cholesky graph has a handful of signatures and up to millions of tasks.
+        This is the hot loop of building a large graph, so it works from per-mark
+        facts looked up by the mark's identity (a matrix hands out the same marks
+        for a tile while a graph is recorded): the data id, a shared :class:`Ref`,
+        and an interned signature id. The check of modes, shapes and dtypes against
+        the kernel's declaration, and the task's flops, are computed once per
+        distinct signature: a Cholesky graph has a handful, and up to millions of
+        tasks.
         """
-        sig = []
-        refs = []
-        modes: dict[int, int] = {}
-        index = self._data_index
+        marks = self._marks
+        parts = []
         for a in args:
-            if a.__class__ is not Access and not isinstance(a, Access):
-                self._not_marked(kernel, args)
-            t = a.tile
-            m = t.matrix
-            i, j, mode = t.i, t.j, a.mode
-            d = index.get((m.uid, i, j))
-            if d is None:
-                d = self._data_id((m.uid, i, j), t)
-            sig.append((mode, m.tile_shape(i, j), m.dtype))
-            refs.append(Ref(d, mode))
-            if d in modes:  # the same tile twice: fine only if only read
-                self._merge_mode(modes, Ref(d, mode), lambda: self._kernel_label(kernel, args))
-            else:
-                modes[d] = mode
-        key = tuple(sig)
+            p = marks.get(a) if a.__class__ is Access else None
+            if p is None:
+                p = self._mark_facts(kernel, args, a)
+            parts.append(p)
+        key = tuple([p[2] for p in parts])
         known = kernel.signatures.get(key)
         if known is None:
-            problem = kernel.check([k[0] for k in key], [k[1] for k in key], [k[2] for k in key])
-            known = (problem, kernel.cost([k[1] for k in key]) if not problem else 0.0)
-            kernel.signatures[key] = known
+            known = _check_signature(kernel, key)
         if known[0]:
             raise GraphError(f"task {self._kernel_label(kernel, args)}: {known[0]}")
-        return self._add(kernel, tuple(refs), None, modes, known[1])
+        if len(parts) > 1 and len({p[0] for p in parts}) < len(parts):  # a tile twice
+            modes: dict[int, int] = {}
+            for p in parts:
+                self._merge_mode(modes, p[1], lambda: self._kernel_label(kernel, args))
+            return self._add(kernel, tuple([p[1] for p in parts]), None, modes, known[1])
+
+        # _add, for distinct data (no merging of modes needed)
+        tid = len(self.tasks)
+        last_writer, readers_of = self._last_writer, self._readers
+        preds: list[int] = []
+        reads, writes, refs = [], [], []
+        for d, ref, _ in parts:
+            refs.append(ref)
+            mode = ref.mode
+            last = last_writer[d]
+            if mode & 1:
+                reads.append((d, last))
+                if last >= 0:
+                    preds.append(last)  # RAW
+            if mode & 2:
+                readers = readers_of[d]
+                if readers:
+                    preds.extend(readers)  # WAR
+                elif last >= 0 and not mode & 1:
+                    preds.append(last)  # WAW
+                writes.append((d, last))
+                last_writer[d] = tid
+                readers_of[d] = None
+            else:
+                known_readers = readers_of[d]
+                if known_readers is None:
+                    readers_of[d] = [tid]
+                else:
+                    known_readers.append(tid)
+        if len(preds) > 1:
+            preds = sorted(set(preds))
+        self.tasks.append(
+            Task(tid, kernel, tuple(refs), None, tuple(reads), tuple(writes), preds, known[1])
+        )
+        self._order = self._succ = None
+        return TaskRef(self, tid)
+
+    def _mark_facts(self, kernel, args, a) -> tuple[int, Ref, int]:
+        """(data id, shared Ref, signature id) of a marked tile, remembered per mark."""
+        if a.__class__ is not Access and not isinstance(a, Access):
+            self._not_marked(kernel, args)
+        t = a.tile
+        m = t.matrix
+        d = self._data_id((m.uid, t.i, t.j), t)
+        ref = self._ref(d, a.code)
+        sig = (a.code, m.tile_shape(t.i, t.j), m.dtype)
+        sig_id = _SIGNATURES.setdefault(sig, len(_SIGNATURES))
+        facts = (d, ref, sig_id)
+        self._marks[a] = facts
+        if m.uid not in self._matrices:
+            self._matrices[m.uid] = m
+        return facts
+
+    def _ref(self, d: int, mode: int) -> Ref:
+        """The Ref of data ``d`` in ``mode``, shared by every task that uses it so."""
+        ref = self._refs.get((d, mode))
+        if ref is None:
+            ref = self._refs[d, mode] = Ref(d, mode)
+        return ref
 
     @staticmethod
     def _kernel_label(kernel, args) -> str:
@@ -329,9 +409,9 @@ class Graph:
                 raise GraphError(f"{a!r} belongs to graph {a.graph.name!r}, not {self.name!r}")
             return Ref(self._values[a.id], 1)
         if isinstance(a, Access):
-            return Ref(self._data_id(a.tile.key, a.tile), a.mode)
+            return self._ref(self._data_id(a.tile.key, a.tile), a.code)
         if hasattr(a, "matrix") and hasattr(a, "key"):  # a bare tile: read it
-            return Ref(self._data_id(a.key, a), Mode.R)
+            return self._ref(self._data_id(a.key, a), 1)
         return a
 
     def _record(self, fn, args, kwargs, label: Callable[[], str], cost: float = 1.0) -> TaskRef:
@@ -408,6 +488,8 @@ class Graph:
         if b not in self.tasks[a].preds:
             self.tasks[a].preds.append(b)
             self._order = self._succ = None
+            if b > a:
+                self._backward = True  # task order is no longer a topological order
 
     # -- inspection ----------------------------------------------------------------
 
@@ -417,6 +499,11 @@ class Graph:
     @property
     def ntasks(self) -> int:
         return len(self.tasks)
+
+    @property
+    def has_values(self) -> bool:
+        """Whether any ``@tg.task`` call (a task with a value) is in the graph."""
+        return bool(self._values)
 
     @property
     def nedges(self) -> int:
@@ -460,7 +547,8 @@ class Graph:
         """A topological order of the tasks; raises GraphError naming a cycle."""
         if self._order is not None:
             return self._order
-        if all(p < t.id for t in self.tasks for p in t.preds):
+        # recorded tasks only wait for earlier ones; an explicit edge may point back
+        if not self._backward:
             self._order = list(range(len(self.tasks)))
             return self._order
         indeg = [len(t.preds) for t in self.tasks]
@@ -499,10 +587,13 @@ class Graph:
     def bottom_levels(self, costs: list[float] | None = None) -> list[float]:
         """Cost of the heaviest path from each task to the end of the graph."""
         costs = costs if costs is not None else self.costs()
-        succ = self.successors()
-        level = [0.0] * len(self.tasks)
+        tasks = self.tasks
+        level = [0.0] * len(tasks)  # the heaviest successor's level, until t is reached
         for t in reversed(self.order()):
-            level[t] = costs[t] + max((level[s] for s in succ[t]), default=0.0)
+            lv = level[t] = costs[t] + level[t]
+            for p in tasks[t].preds:
+                if level[p] < lv:
+                    level[p] = lv
         return level
 
     def critical_path(self) -> tuple[float, list[int]]:

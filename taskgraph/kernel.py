@@ -20,6 +20,7 @@ accesses inside ``with tg.Graph():``, it records a task.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -65,11 +66,11 @@ class Kernel:
         return f"<kernel {self.name}({marks})>"
 
     def __call__(self, *args):
-        from .graph import Graph  # the graph module records tasks; kernels only declare
-
+        if args and args[0].__class__ is Access:  # the common case when recording
+            return _graph().current(self.name).add_kernel_task(self, args)
         for a in args:
-            if a.__class__ is Access or isinstance(a, Access) or hasattr(a, "matrix"):
-                return Graph.current(self.name).add_kernel_task(self, args)
+            if isinstance(a, Access) or hasattr(a, "matrix"):
+                return _graph().current(self.name).add_kernel_task(self, args)
         return self.fn(*args)
 
     # -- pure checks, used when a task is recorded -------------------------------------
@@ -153,3 +154,11 @@ def kernel(
         )
 
     return wrap(fn) if fn is not None else wrap
+
+
+@functools.cache
+def _graph():
+    """The Graph class (the graph module records tasks; kernels only declare them)."""
+    from .graph import Graph
+
+    return Graph

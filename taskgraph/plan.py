@@ -186,12 +186,10 @@ def plan_messages(
     by_key: dict[tuple, Message] = {}
     by_version: dict[tuple[int, int], list[Message]] = {}
     for t in graph.tasks:
-        rank = placement[t.id]
-        covered: set[int] = set()
+        tid = t.id
+        rank = placement[tid]
         for d, prod in t.reads:
             src = placement[prod] if prod != INITIAL else owner_of[d]
-            if prod != INITIAL:
-                covered.add(prod)
             if src == rank:
                 continue
             key = (d, prod, rank)
@@ -201,14 +199,21 @@ def plan_messages(
                 by_key[key] = msg
                 by_version.setdefault((d, prod), []).append(msg)
                 messages.append(msg)
-            msg.consumers.append(t.id)
+            msg.consumers.append(tid)
+        released: list[int] = []  # tasks t waits for through the sends it releases
         for d, prev in t.writes:
             for msg in by_version.get((d, prev), ()):
                 if msg.src == rank:  # the old version leaves from the buffer t overwrites
-                    msg.release.append(t.id)
-                    covered.update(msg.consumers)
+                    msg.release.append(tid)
+                    released += msg.consumers
+        covered = None  # preds whose order a message t waits for already ensures
         for p in t.preds:
-            if placement[p] == rank or p in covered:
+            if placement[p] == rank:
+                continue
+            if covered is None:
+                covered = {q for _, q in t.reads}
+                covered.update(released)
+            if p in covered:
                 continue
             key = ("signal", p, rank)
             msg = by_key.get(key)
@@ -216,8 +221,8 @@ def plan_messages(
                 msg = Message(placement[p], rank, "signal", p, p)
                 by_key[key] = msg
                 messages.append(msg)
-            if t.id not in msg.consumers:
-                msg.consumers.append(t.id)
+            if tid not in msg.consumers:
+                msg.consumers.append(tid)
     return messages
 
 
@@ -265,7 +270,9 @@ def _rank_plan(plan: Plan, rank: int) -> RankPlan:
             recvs.append(msg)
             for t in set(msg.consumers):
                 waits[t] += 1
-    used = {p for t in graph.tasks for p in t.preds}
-    results = [t.id for t in graph.tasks if t.id not in used and not hasattr(t.fn, "modes")]
+    results: list[int] = []
+    if graph.has_values:  # values of @tg.task calls that no other task uses
+        used = {p for t in graph.tasks for p in t.preds}
+        results = [t.id for t in graph.tasks if t.id not in used and not hasattr(t.fn, "modes")]
     priority = {t: plan.priority[t] for t in tasks}
     return RankPlan(rank, plan.nranks, tasks, priority, waits, successors, sends, recvs, results)

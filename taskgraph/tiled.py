@@ -45,26 +45,51 @@ def lookup(uid: int) -> TiledMatrix:
 
 
 class Tile:
-    """Handle on tile (i, j) of a matrix; ``.r``, ``.w``, ``.rw`` mark how a task uses it."""
+    """Handle on tile (i, j) of a matrix; ``.r``, ``.w``, ``.rw`` mark how a task uses it.
 
-    __slots__ = ("matrix", "i", "j")
+    A matrix hands out one handle per tile (``A[i, j] is A[i, j]``) while a graph is
+    being recorded, and a handle makes each of its marks once: recording a 10^6-task
+    graph indexes tiles millions of times.
+    """
+
+    __slots__ = ("matrix", "i", "j", "_r", "_w", "_rw")
 
     def __init__(self, matrix: TiledMatrix, i: int, j: int):
         self.matrix = matrix
         self.i = i
         self.j = j
+        self._r = self._w = self._rw = None
 
     @property
     def r(self) -> Access:
-        return Access(self, Mode.R)
+        a = self._r
+        if a is None:
+            a = self._r = Access(self, Mode.R, 1)
+        return a
 
     @property
     def w(self) -> Access:
-        return Access(self, Mode.W)
+        a = self._w
+        if a is None:
+            a = self._w = Access(self, Mode.W, 2)
+        return a
 
     @property
     def rw(self) -> Access:
-        return Access(self, Mode.RW)
+        a = self._rw
+        if a is None:
+            a = self._rw = Access(self, Mode.RW, 3)
+        return a
+
+    def forget_marks(self) -> None:
+        """Drop the cached marks (each refers back to this tile)."""
+        self._r = self._w = self._rw = None
+
+    def __getstate__(self):
+        return (self.matrix, self.i, self.j)
+
+    def __setstate__(self, state):
+        Tile.__init__(self, *state)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -142,6 +167,7 @@ class TiledMatrix:
             if distribution == "random"
             else None
         )
+        self._handles: dict[tuple[int, int], Tile] = {}
         self.tiles: dict[tuple[int, int], np.ndarray] = {}
         for i, j in self.indices():
             if self.owner(i, j) == self.rank:  # a notebook's rank is None: it owns none
@@ -186,16 +212,22 @@ class TiledMatrix:
         return block_cyclic_owner(i, j, self.grid)
 
     def __getitem__(self, ij) -> Tile:
-        if ij.__class__ is tuple and len(ij) == 2:  # the common case, checked cheaply
-            i, j = ij
-            if (
-                i.__class__ is int
-                and j.__class__ is int
-                and 0 <= i < self.mt
-                and 0 <= j < self.nt
-                and (i >= j or not self.lower)
-            ):
-                return Tile(self, i, j)
+        try:
+            return self._handles[ij]  # the common case: a tile indexed before
+        except (KeyError, TypeError):
+            pass
+        t = self._new_handle(ij)
+        self._handles[t.i, t.j] = t
+        return t
+
+    def forget_handles(self) -> None:
+        """Drop the cached tile handles and their marks (they refer back to this
+        matrix), so that the matrix is freed as soon as nothing else uses it."""
+        for t in self._handles.values():
+            t.forget_marks()
+        self._handles.clear()
+
+    def _new_handle(self, ij) -> Tile:
         try:
             i, j = ij
             i, j = int(i), int(j)

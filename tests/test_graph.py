@@ -353,6 +353,49 @@ def test_a_full_matrix_has_tiles_above_the_diagonal():
     assert repr(matrix()[0, 1]) == "A[0,1]"
 
 
+def test_indexing_a_tile_again_gives_the_same_handle_and_marks():
+    """Recording reuses handles; numpy integers and a second index find the same tile."""
+    A = matrix()
+    assert A[1, 0] is A[1, 0] is A[np.int64(1), np.int32(0)]
+    assert A[1, 0].rw is A[1, 0].rw and A[1, 0].r.mode is tg.Mode.R
+    with pytest.raises(tg.GraphError, match="index tiles of A as A"):
+        A[[1, 0, 0]]
+
+
+def test_tasks_that_use_a_tile_alike_share_one_ref():
+    """Two readers of A00 hold the same Ref: a big graph keeps one per (tile, mode)."""
+    A = matrix()
+    with tg.Graph() as g:
+        show(A[0, 0].r)
+        show(A[0, 0].r)
+        scale(A[0, 0].rw)
+    first, second, third = (t.args[0] for t in g.tasks)
+    assert first is second and first.mode == 1
+    assert third is not first and third.mode == 3 and third.data == first.data
+
+
+def test_a_recorded_graph_lets_its_matrix_go_without_the_cycle_collector():
+    """The tile handles cached while recording refer back to their matrix; the graph
+    drops them when recording ends, so deleting graph and matrix frees the matrix
+    by reference counting alone (its engines' tiles are freed when it goes)."""
+    import gc
+    import weakref
+
+    A = matrix()
+    gone = weakref.ref(A)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with tg.Graph() as g:
+            axpy(A[0, 0].r, A[1, 0].rw)
+        assert A._handles == {}
+        del g, A
+        assert gone() is None
+    finally:
+        if was:
+            gc.enable()
+
+
 # -- explicit dependencies and cycles -----------------------------------------------------
 
 
