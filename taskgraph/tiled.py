@@ -58,7 +58,9 @@ class Tile:
         self.matrix = matrix
         self.i = i
         self.j = j
-        self._r = self._w = self._rw = None
+        self._r: Access | None = None
+        self._w: Access | None = None
+        self._rw: Access | None = None
 
     @property
     def r(self) -> Access:
