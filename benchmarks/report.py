@@ -116,7 +116,7 @@ def targets_section(rows: list[Row]) -> str:
             f"(worst) | {met(bw_ok)} |"
         )
     for r in of(rows, "graphsize"):
-        if r["tasks"] >= 10**6:
+        if r.get("size", r["tasks"]) >= 10**6:
             out.append(
                 f"| {r['shape']} graph of {r['tasks']:,} tasks built and planned | ≤ 10 s, "
                 f"≤ 1 KiB/task | {r['total_s']} s, {r['bytes_per_task']} B/task | "
