@@ -2,7 +2,8 @@
 
 Every rank runs :func:`main`; rank 0 prints. Steps: compile the kernels (timed
 apart), measure the GEMM peak on as many threads as the run uses (ranks x workers),
-factorise, measure the peak again (the better of the two counts), gather the factor on rank 0 and compute ‖A − L Lᵀ‖ / ‖A‖.
+factorise, measure the peak again (the better of the two counts), gather the factor
+on rank 0 and compute ‖A − L Lᵀ‖ / ‖A‖.
 """
 
 from __future__ import annotations

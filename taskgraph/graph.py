@@ -176,6 +176,9 @@ def task(fn: Callable | None = None, *, cost: float = 1.0):
 
 _stack = threading.local()
 
+# arguments a call passes on as they are, without a look at what they might refer to
+_CONSTANTS = frozenset({int, float, complex, str, bytes, bool, type(None)})
+
 # (mode, tile shape, dtype) of a kernel argument -> a small int, for signature keys
 _SIGNATURES: dict[tuple, int] = {}
 _SIGNATURE_OF: dict[int, tuple] = {}
@@ -377,6 +380,10 @@ class Graph:
 
     def add_call(self, fn: TaskFunction, args, kwargs) -> Future:
         """Record a call of a ``@tg.task`` function; returns its future."""
+        if not kwargs:
+            future = self._add_plain_call(fn, args)
+            if future is not None:
+                return future
         encode = self._encode
         enc_args = tuple([encode(a) for a in args])
         enc_kwargs = {k: encode(v) for k, v in kwargs.items()} or None
@@ -396,6 +403,40 @@ class Graph:
         self._values[tid] = d
         task = self.tasks[tid]
         task.writes = task.writes + ((d, INITIAL),)
+        return Future(self, tid)
+
+    def _add_plain_call(self, fn: TaskFunction, args) -> Future | None:
+        """The common call, recorded quickly: positional arguments that are futures
+        of this graph or constants. None if another kind of argument needs the
+        general path. A value is written once, by its task, so reading one needs
+        no list of readers (those only serve later writers)."""
+        values = self._values
+        enc, reads, preds = [], [], []
+        for a in args:
+            if a.__class__ is Future and a.graph is self:
+                d = values[a.id]
+                enc.append(Ref(d, 1))
+                reads.append((d, a.id))
+                preds.append(a.id)
+            elif a.__class__ in _CONSTANTS:
+                enc.append(a)
+            else:
+                return None
+        if len(preds) > 1:
+            unique = sorted(set(preds))
+            if len(unique) < len(preds):  # the same future twice: one read
+                reads = list(dict.fromkeys(reads))
+            preds = unique
+        tid = len(self.tasks)
+        d = len(self.data)
+        self.data.append(Data(None, None, tid))
+        self._last_writer.append(tid)
+        self._readers.append(None)
+        values[tid] = d
+        self.tasks.append(
+            Task(tid, fn, tuple(enc), None, tuple(reads), ((d, INITIAL),), preds, fn.cost_value)
+        )
+        self._order = self._succ = None
         return Future(self, tid)
 
     def _encode(self, a):

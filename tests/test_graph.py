@@ -180,6 +180,36 @@ def test_task_calls_inside_a_graph_return_futures_and_passing_them_adds_edges():
     assert not c.done()
 
 
+def test_positional_futures_and_constants_the_quick_way_record_the_same_edges():
+    """Calls with only futures and constants take a quicker path; its edges and
+    versions are those of the general path (keyword calls), duplicates included::
+
+    a = load(1)   b = load(2)
+       |  \\        /  |
+       |   pair(b, a, a, 'x')     the same future twice is one read
+       |   pair(a, y=b)           the general path, for comparison
+    """
+
+    @tg.task
+    def pair(*xs, y=None):
+        return xs
+
+    with tg.Graph() as g:
+        a = load(1)
+        b = load(2)
+        pair(b, a, a, "x", None, 2.5)
+        pair(a, y=b)
+    assert g.tasks[2].preds == g.tasks[3].preds == [0, 1]
+    assert reads(g, 2) == [("value of task 1", 1), ("value of task 0", 0)]
+    assert writes(g, 2) == [("value of task 2", INITIAL)]
+    assert [type(x).__name__ for x in g.tasks[2].args] == ["Ref"] * 3 + [
+        "str",
+        "NoneType",
+        "float",
+    ]
+    assert g.to_networkx().number_of_edges() == 4
+
+
 def test_tiles_as_task_arguments_bare_tile_is_a_read():
     """A bare tile is read; a marked one is used as marked::
 
