@@ -284,31 +284,33 @@ class Graph:
         tasks.
         """
         marks = self._marks
-        parts = []
+        ds, refs, sigs = [], [], []  # (no comprehensions: each is a call before 3.12)
         for a in args:
             p = marks.get(a) if a.__class__ is Access else None
             if p is None:
                 p = self._mark_facts(kernel, args, a)
-            parts.append(p)
-        key = tuple([p[2] for p in parts])
+            ds.append(p[0])
+            refs.append(p[1])
+            sigs.append(p[2])
+        key = tuple(sigs)
         known = kernel.signatures.get(key)
         if known is None:
             known = _check_signature(kernel, key)
         if known[0]:
             raise GraphError(f"task {self._kernel_label(kernel, args)}: {known[0]}")
-        if len(parts) > 1 and len({p[0] for p in parts}) < len(parts):  # a tile twice
+        if len(ds) > 1 and len(set(ds)) < len(ds):  # a tile twice
             modes: dict[int, int] = {}
-            for p in parts:
-                self._merge_mode(modes, p[1], lambda: self._kernel_label(kernel, args))
-            return self._add(kernel, tuple([p[1] for p in parts]), None, modes, known[1])
+            for ref in refs:
+                self._merge_mode(modes, ref, lambda: self._kernel_label(kernel, args))
+            return self._add(kernel, tuple(refs), None, modes, known[1])
 
         # _add, for distinct data (no merging of modes needed)
         tid = len(self.tasks)
         last_writer, readers_of = self._last_writer, self._readers
         preds: list[int] = []
-        reads, writes, refs = [], [], []
-        for d, ref, _ in parts:
-            refs.append(ref)
+        reads, writes = [], []
+        for ref in refs:
+            d = ref.data
             mode = ref.mode
             last = last_writer[d]
             if mode & 1:

@@ -185,10 +185,13 @@ def plan_messages(
     messages: list[Message] = []
     by_key: dict[tuple, Message] = {}
     by_version: dict[tuple[int, int], list[Message]] = {}
+    sent: set[int] = set()  # data with a version in by_version (a cheap first test)
+    no_release: list[int] = []
     for t in graph.tasks:
         tid = t.id
         rank = placement[tid]
-        for d, prod in t.reads:
+        reads = t.reads
+        for d, prod in reads:
             src = placement[prod] if prod != INITIAL else owner_of[d]
             if src == rank:
                 continue
@@ -198,31 +201,34 @@ def plan_messages(
                 msg = _data_message(graph, src, rank, d, prod)
                 by_key[key] = msg
                 by_version.setdefault((d, prod), []).append(msg)
+                sent.add(d)
                 messages.append(msg)
             msg.consumers.append(tid)
-        released: list[int] = []  # tasks t waits for through the sends it releases
+        released = no_release  # tasks t waits for through the sends it releases
         for d, prev in t.writes:
+            if d not in sent:
+                continue
             for msg in by_version.get((d, prev), ()):
                 if msg.src == rank:  # the old version leaves from the buffer t overwrites
                     msg.release.append(tid)
-                    released += msg.consumers
-        covered = None  # preds whose order a message t waits for already ensures
+                    released = released + msg.consumers
         for p in t.preds:
             if placement[p] == rank:
                 continue
-            if covered is None:
-                covered = {q for _, q in t.reads}
-                covered.update(released)
-            if p in covered:
-                continue
-            key = ("signal", p, rank)
-            msg = by_key.get(key)
-            if msg is None:
-                msg = Message(placement[p], rank, "signal", p, p)
-                by_key[key] = msg
-                messages.append(msg)
-            if tid not in msg.consumers:
-                msg.consumers.append(tid)
+            for _, q in reads:  # (loops, not a set: most tasks read one or two versions)
+                if q == p:
+                    break  # p's output comes in a message t waits for
+            else:
+                if p in released:
+                    continue  # t waits for the message whose send it releases
+                key = ("signal", p, rank)
+                msg = by_key.get(key)
+                if msg is None:
+                    msg = Message(placement[p], rank, "signal", p, p)
+                    by_key[key] = msg
+                    messages.append(msg)
+                if tid not in msg.consumers:
+                    msg.consumers.append(tid)
     return messages
 
 
