@@ -31,6 +31,23 @@ from . import config
 
 CONTROL_TAG = 0
 
+FIRST_SLEEP = 2e-5  # the first sleep of a poller that found nothing
+IDLE_FRACTION = 0.05  # past its cap, a poller sleeps up to this share of its wait so far
+LONG_SLEEP = 5e-3  # ... and never longer than this
+
+
+def next_sleep(sleep: float, waited: float, cap: float) -> float:
+    """The next sleep of a poller that found nothing, after sleeping ``sleep`` and
+    waiting ``waited`` seconds in all: doubling from 20 µs up to ``cap``, then up to
+    5 % of the wait so far (at most 5 ms).
+
+    A short wait is answered within ``cap``; a long one wakes a few hundred times a
+    second at most (a waiting rank uses almost no CPU), and its last sleep adds at
+    most 5 % to its length.
+    """
+    cap = max(cap, min(LONG_SLEEP, waited * IDLE_FRACTION))
+    return min(cap, max(FIRST_SLEEP, sleep * 2))
+
 
 class Network:
     """One run's point-to-point layer. This base class is the single rank: no peers."""
@@ -73,10 +90,10 @@ class Network:
     def barrier(self) -> None:
         """Wait for every rank, sleeping meanwhile."""
         self.barrier_start()
-        sleep = 1e-5
+        sleep, t0 = 0.0, time.perf_counter()
         while not self.barrier_done():
+            sleep = next_sleep(sleep, time.perf_counter() - t0, 1e-3)
             time.sleep(sleep)
-            sleep = min(1e-3, sleep * 2)
 
     def allgather(self, obj) -> list:
         return [obj]
@@ -239,11 +256,11 @@ class World:
 
 
 def wait_sleeping(request, poll_max: float = 1e-3) -> None:
-    """Wait for an MPI request, sleeping between tests (doubling, up to poll_max)."""
-    sleep = 1e-5
+    """Wait for an MPI request, sleeping between tests (see :func:`next_sleep`)."""
+    sleep, t0 = 0.0, time.perf_counter()
     while not request.Test():
+        sleep = next_sleep(sleep, time.perf_counter() - t0, poll_max)
         time.sleep(sleep)
-        sleep = min(poll_max, sleep * 2)
 
 
 @functools.lru_cache(maxsize=1)

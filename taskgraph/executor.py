@@ -24,7 +24,8 @@ count per local predecessor, per incoming message it reads, and per outgoing sen
 of the tile version it overwrites (a cross-rank write-after-read).
 
 A polling worker keeps polling (yielding the GIL) for ``spin`` seconds after the last
-message, then sleeps, doubling the sleep up to ``poll_max``; the progress thread
+message, then sleeps, doubling the sleep up to ``poll_max`` and, past it, up to 5 % of
+the time it has waited (:func:`~taskgraph.comm.next_sleep`); the progress thread
 always backs off that way and wakes at once when a worker hands it work: a rank that
 waits for a message does not burn a core.
 
@@ -252,7 +253,7 @@ class Executor:
         exit; False if the network failed (the run is then failing).
 
         Polls back to back for ``spin`` seconds after the last message, then backs off
-        (doubling sleeps up to ``poll_max``), as the progress thread does; stops as
+        (:func:`~taskgraph.comm.next_sleep`), as the progress thread does; stops as
         soon as a task is ready, and hands polling back to the progress thread.
         """
         lock = self.lock
@@ -273,7 +274,7 @@ class Executor:
                     lock.acquire()
                 elif got is None or clock() - last >= self.spin:
                     lock.acquire()  # someone else polls, or nothing came for a while
-                    sleep = min(self.poll_max, max(2e-5, sleep * 2))
+                    sleep = commlib.next_sleep(sleep, clock() - last, self.poll_max)
                     self.stats.sleeps += 1
                     lock.wait(sleep)
                 else:
@@ -453,7 +454,8 @@ class Executor:
     def _progress(self) -> None:
         net = self.net
         ntasks = len(self.plan.tasks)
-        sleep = 0.0
+        clock = time.perf_counter
+        sleep, idle_since = 0.0, clock()
         while True:
             with self.lock:
                 failed = self.failure is not None
@@ -469,19 +471,18 @@ class Executor:
                     if not self._transfers_left():
                         return
             if busy:
-                sleep = 0.0
+                sleep, idle_since = 0.0, clock()
                 continue
-            if pollers:  # a worker polls; look again soon in case it stops
-                self.wake.wait(self.poll_max)
-            elif net.size == 1 or not self._transfers_left():
+            if not pollers and (net.size == 1 or not self._transfers_left()):
                 # nothing to poll: sleep until a worker hands over
                 self.wake.wait(0.05 if net.size > 1 else None)
             else:
-                # back off: poll often only while a worker is idle (waiting on the
-                # network); while every worker computes, latency is hidden, so leave
-                # their cores alone
-                cap = self.poll_max if self._running < self.nworkers else 10 * self.poll_max
-                sleep = min(cap, max(2e-5, sleep * 2))
+                # back off: poll often while a worker is idle (or polls: look again
+                # soon in case it stops); while every worker computes, latency is
+                # hidden, so leave their cores alone
+                busy_workers = not pollers and self._running >= self.nworkers
+                cap = 10 * self.poll_max if busy_workers else self.poll_max
+                sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
                 self.stats.sleeps += 1
                 self.wake.wait(sleep)
             self.wake.clear()
@@ -619,14 +620,14 @@ class Executor:
                     self._send_abort(failure)
                 self._abandon_transfers()
             net.barrier_start()
-            sleep = 0.0
+            sleep, t0 = 0.0, time.perf_counter()
             while not net.barrier_done():
                 found = net.probe()  # aborts sent to a rank that already finished
                 if found is not None and found[2] == CONTROL_TAG:
                     buf = bytearray(found[3])
                     net.recv_probed(found[0], buf).Wait()
                     continue
-                sleep = min(self.poll_max, max(2e-5, sleep * 2))
+                sleep = commlib.next_sleep(sleep, time.perf_counter() - t0, self.poll_max)
                 time.sleep(sleep)
             outcomes = net.allgather(failure if failure and failure.get("origin") else None)
             origins = [o for o in outcomes if o is not None]

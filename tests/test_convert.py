@@ -18,7 +18,7 @@ from taskgraph import convert
 from taskgraph.convert import ConversionError, Converter
 
 CHOLESKY_CELLS = [
-    "%matplotlib inline\nimport numpy as np\nimport taskgraph as tg\n"
+    "%load_ext autoreload\nimport numpy as np\nimport taskgraph as tg\n"
     "from taskgraph.linalg import cholesky, cholesky_residual\n"
     "from taskgraph.tiled import spd_dense",
     "cluster = tg.Cluster(n=2)  # two engines\ncluster",
