@@ -199,13 +199,16 @@ class Executor:
         try:
             while True:
                 if not self.ready and not self.stopping:
-                    self.wake.set()  # going idle: the progress thread should poll sooner
                     # waiting on the network if a task here still needs a message
                     on_network = self.recvs_left > 0
                     t_idle = now()
                     if on_network and self.net.size > 1 and self.pollers == 0:
+                        # poll for it here; waking the progress thread now would only
+                        # make the two take the network token from each other
                         if not self._idle_poll():
                             return
+                    else:
+                        self.wake.set()  # the progress thread should poll sooner
                     while not self.ready and not self.stopping:
                         lock.wait()
                     self.trace.waited(index, now() - t_idle, on_network)
@@ -272,15 +275,17 @@ class Executor:
                 if got:
                     sleep, last = 0.0, clock()
                     lock.acquire()
-                elif got is None or clock() - last >= self.spin:
-                    lock.acquire()  # someone else polls, or nothing came for a while
+                elif clock() - last < self.spin:
+                    # a message came moments ago (or the progress thread holds the token
+                    # for a moment): the next is likely close
+                    os.sched_yield()
+                    self.stats.spins += 1
+                    lock.acquire()
+                else:
+                    lock.acquire()  # nothing came for a while
                     sleep = commlib.next_sleep(sleep, clock() - last, self.poll_max)
                     self.stats.sleeps += 1
                     lock.wait(sleep)
-                else:
-                    os.sched_yield()  # a message came moments ago: the next is likely close
-                    self.stats.spins += 1
-                    lock.acquire()
         finally:
             # the progress thread takes over within poll_max (not woken now: for a
             # short task this worker is back polling before it would matter, and
