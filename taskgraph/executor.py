@@ -106,6 +106,7 @@ class Stats:
         self.polls = 0
         self.sleeps = 0
         self.spins = 0
+        self.peak_sends = 0  # most sends in flight at once
         self.seconds = 0.0
 
     def as_dict(self) -> dict:
@@ -501,6 +502,8 @@ class Executor:
             self.stats.sent += 1
             self.stats.bytes_sent += msg.nbytes
             posted = True
+        if posted and len(self.sends_active) > self.stats.peak_sends:
+            self.stats.peak_sends = len(self.sends_active)
         return posted
 
     def _payload(self, msg: Message):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -330,6 +331,178 @@ def cancel_stops_every_rank():
     C = tg.TiledMatrix.random_spd(200, 100)
     cluster().run(cholesky(C)).wait()
     assert cholesky_residual(spd_dense(200, 100), gathered_factor(C)) < 1e-14
+
+
+@scenario
+def workers_and_blas_threads_as_configured():
+    """Workers default to cores / ranks on this node; BLAS runs one thread per worker
+    unless a run asks for more (ranks x workers x BLAS threads never oversubscribes)."""
+    from threadpoolctl import threadpool_info
+
+    c = cluster()
+    cores = len(os.sched_getaffinity(0))
+    expected = int(os.environ.get("TASKGRAPH_WORKERS") or max(1, cores // c.world.local_size))
+    assert c.workers == expected, (c.workers, expected)
+    seen: list[tuple[str, int | None]] = []
+
+    @tg.kernel(modes="rw", dims="mn")
+    def look(t):
+        blas = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+        seen.append((threading.current_thread().name, max(blas, default=None)))
+
+    B = tg.TiledMatrix.zeros((2 * c.size, 2), 2, grid=(c.size, 1))
+    with tg.Graph("look") as g:
+        for i in range(c.size):
+            look(B[i, 0].rw)
+    run = c.run(g).wait()
+    assert run.executor.nworkers == c.workers
+    assert len(seen) == 1 and seen[0][0].startswith("taskgraph-worker-") and seen[0][1] == 1, seen
+    seen.clear()
+    c.run(g, blas_threads=2).wait()
+    assert seen[0][1] == 2, seen
+
+
+@scenario
+def tiles_move_as_buffers_on_the_runs_own_communicator():
+    """No tile goes through pickle, and the run's messages never meet the world's:
+    stray messages on COMM_WORLD with the run's tags (and the abort tag) are neither
+    taken nor disturbed by the run."""
+    import taskgraph.comm as commlib
+
+    c = cluster()
+    world = c.world.comm
+    tags = range(64)
+    strays = []
+    if c.size > 1 and c.rank == 0:
+        strays = [world.Isend(np.full(1, float(tag)), 1, tag) for tag in tags]
+    pickled: list[type] = []
+    real_dumps = commlib.dumps
+
+    def spy(value):
+        pickled.append(type(value))
+        return real_dumps(value)
+
+    commlib.dumps = spy
+    try:
+        A = tg.TiledMatrix.random_spd(600, 100)
+        run = c.run(cholesky(A)).wait()
+    finally:
+        commlib.dumps = real_dumps
+    assert pickled == [], f"pickled {pickled}"
+    if c.size > 1:
+        assert run.stats.sent > 0 and run.stats.bytes_sent > 0
+        if c.rank == 1:  # every stray is still there, untouched
+            buf = np.zeros(1)
+            for tag in tags:
+                world.Recv(buf, 0, tag)
+                assert buf[0] == tag
+        for req in strays:
+            req.Wait()
+    assert cholesky_residual(spd_dense(600, 100), gathered_factor(A)) < 1e-14
+
+
+@scenario
+def sends_in_flight_are_bounded():
+    """One task writes four tiles that another rank reads: four sends at once, unless
+    TASKGRAPH_MAX_SENDS holds them to two."""
+
+    @tg.kernel(modes="w,w,w,w", dims="mn,mn,mn,mn")
+    def fill4(a, b, c, d):
+        for k, t in enumerate((a, b, c, d)):
+            t[...] = k + 1.0
+
+    @tg.kernel(modes="r,rw", dims="mn,mn")
+    def add(src, dst):
+        dst += src
+
+    size = cluster().size
+    peaks = []
+    for limit in (None, "2"):
+        B = tg.TiledMatrix.zeros((8 * size, 2), 2, grid=(size, 1))  # rows k*size: rank 0
+        mine = [B[k * size, 0] for k in range(4)]
+        with tg.Graph("fan-out") as g:
+            fill4(*(t.w for t in mine))
+            for r in range(1, size):
+                for t in mine:
+                    add(t.r, B[r, 0].rw)
+        old = os.environ.get("TASKGRAPH_MAX_SENDS")
+        if limit is not None:
+            os.environ["TASKGRAPH_MAX_SENDS"] = limit
+        try:
+            run = cluster().run(g).wait()
+        finally:
+            if old is None:
+                os.environ.pop("TASKGRAPH_MAX_SENDS", None)
+            else:
+                os.environ["TASKGRAPH_MAX_SENDS"] = old
+        peaks.append(run.stats.peak_sends)
+        full = B.to_numpy()
+        for r in range(1, size):
+            assert np.all(full[2 * r : 2 * r + 2] == 10.0), full[2 * r]
+    if cluster().rank == 0 and size > 1:
+        assert peaks[0] >= 4 and peaks[1] == 2, peaks
+    elif size == 1:
+        assert peaks == [0, 0]
+
+
+@scenario
+def trace_lines_ranks_up_and_records_every_message():
+    """Clocks start together on every rank, whenever each rank called run (rank 0 comes
+    0.3 s late here); the merged trace has every planned message, each received after
+    it was posted, and every task that reads another rank's tile starts after the task
+    that wrote it ended."""
+    c = cluster()
+    A = tg.TiledMatrix.random_spd(600, 100)
+    g = cholesky(A)
+    if c.rank == 0:
+        time.sleep(0.3)
+    run = c.run(g).wait()
+    starts = c.world.allgather((c.host, run.executor.trace.t0))
+    if len({host for host, _ in starts}) == 1:  # one clock to compare with
+        t0s = [t0 for _, t0 in starts]
+        assert max(t0s) - min(t0s) < 0.05, f"rank clocks start {max(t0s) - min(t0s):.3f} s apart"
+    if c.rank != 0:
+        return
+    tr = run.trace
+    assert len(tr.tasks) == g.ntasks
+    planned = sorted((m.src, m.dst, m.tag, m.nbytes) for m in run.plan.messages)
+    got = sorted((src, dst, tag, nbytes) for src, dst, nbytes, tag, _, _ in tr.messages)
+    assert got == planned
+    tol = 0.02  # the barrier's exit skew, on a loaded machine
+    for *_, posted, done in tr.messages:
+        assert done >= posted - tol, (posted, done)
+    where = {row[5]: row for row in tr.tasks}  # task -> [rank, worker, start, end, ...]
+    for t in g.tasks:
+        for p in t.preds:
+            if where[p][0] != where[t.id][0]:
+                assert where[t.id][2] >= where[p][3] - tol, (g.label(p), g.label(t.id))
+
+
+@scenario
+def numba_user_kernel_runs_in_a_graph():
+    """The README's own kernel: a numba function with declared modes and dimensions."""
+    import numba
+
+    @tg.kernel(modes="r,rw", dims="mn,mn", flops=lambda m, n: 2 * m * n)
+    @numba.njit(nogil=True)
+    def axpy2(x, y):
+        y += 2.0 * x
+
+    x, y = np.ones((3, 2)), np.ones((3, 2))
+    axpy2(x, y)  # outside a graph: a plain call on arrays
+    assert np.all(y == 3.0)
+    size = cluster().size
+    rows = max(2, size)
+    X = tg.TiledMatrix.from_function(
+        (4 * rows, 4), 4, lambda i, j, s: np.full(s, i + 1.0), grid=(size, 1)
+    )
+    with tg.Graph("axpy") as g:
+        for i in range(1, rows):
+            axpy2(X[0, 0].r, X[i, 0].rw)
+    cluster().run(g).wait()
+    full = X.to_numpy()
+    for i in range(rows):
+        assert np.all(full[4 * i : 4 * i + 4] == (1.0 if i == 0 else i + 3.0)), (i, full)
 
 
 def main(name: str) -> None:

@@ -27,3 +27,31 @@ def test_under_mpiexec(name, ranks, mpirun):
     proc = mpirun(ranks, [str(scenarios.__file__), name], timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert passed_ranks(proc.stdout, name) == set(range(ranks)), proc.stdout + proc.stderr
+
+
+def test_one_worker_always_runs_the_ready_task_of_highest_priority():
+    """Whenever the worker starts a task, no task that was ready then (all its
+    predecessors ended) has a higher priority: the ready queue is a priority queue."""
+    import taskgraph as tg
+    from taskgraph.linalg import cholesky
+
+    A = tg.TiledMatrix.random_spd(800, 100)
+    g = cholesky(A)
+    run = tg.current_cluster().run(g, workers=1).wait()
+    priority = run.rank_plan.priority
+    rec = run.executor.trace
+    order = rec.task_id[: rec.ntasks].tolist()
+    start, end = rec.task_start, rec.task_end
+    assert sorted(order) == list(range(g.ntasks))
+    ended = {t: end[i] for i, t in enumerate(order)}
+    assert len(set(priority.values())) > 5, "priorities that differ, or the test proves nothing"
+    started: set[int] = set()
+    for i, t in enumerate(order):
+        ready = [
+            u
+            for u in range(g.ntasks)
+            if u not in started and u != t and all(ended[p] <= start[i] for p in g.tasks[u].preds)
+        ]
+        better = [u for u in ready if priority[u] > priority[t]]
+        assert not better, f"{g.label(t)} ran while {g.label(better[0])} was ready"
+        started.add(t)

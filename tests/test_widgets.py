@@ -70,6 +70,42 @@ def test_the_view_follows_a_run_live_and_ends_complete():
     assert all(r[6] == "nap(M" + r[6][5:] for r in rows)
 
 
+@tg.kernel(modes="rw", dims="mn")
+def tick(t):
+    time.sleep(0.005)
+
+
+def test_progress_per_kernel_with_rate_and_time_left_at_the_default_rate():
+    B = tg.TiledMatrix.zeros((2, 2), 2)
+    with tg.Graph("mixed") as g:
+        for _ in range(40):
+            nap(B[0, 0].rw)
+            tick(B[0, 0].rw)
+    t0 = time.monotonic()
+    run = tg.current_cluster().run(g)  # about 1 s
+    view = Recording(run)  # the default rate
+    samples = []
+    while not run.done():
+        samples.append(view.state["progress"])
+        time.sleep(0.05)
+    view.wait(10)
+    wall = time.monotonic() - t0
+    assert view.updates >= 2 * wall - 1, f"{view.updates} updates in {wall:.1f} s"
+    mid = [p for p in samples if 0 < p["done"] < p["total"]]
+    assert mid, "no sample while the run went on"
+    p = mid[len(mid) // 2]
+    assert p["rate"] > 0 and p["eta"] > 0
+    assert p["eta"] == pytest.approx((p["total"] - p["done"]) / p["rate"])
+    assert 0 < p["percent"] < 100 and p["elapsed"] > 0
+    final = view.state["progress"]
+    assert final["eta"] is None and final["percent"] == 100.0
+    kernels = {k["name"]: k for k in final["kernels"]}
+    assert set(kernels) == {"nap", "tick"}
+    assert kernels["nap"]["done"] == kernels["nap"]["total"] == 40
+    assert kernels["tick"]["done"] == kernels["tick"]["total"] == 40
+    assert kernels["nap"]["seconds"] > 40 * 0.02 * 0.9 > kernels["tick"]["seconds"]
+
+
 def test_the_view_shows_a_failure_and_keeps_working():
     @tg.kernel(modes="rw", dims="mn")
     def boom(t):
