@@ -188,6 +188,15 @@ def test_a_task_that_raises_names_task_rank_and_traceback(cluster):
     assert np.all(B2.gather() == 1.0)
 
 
+def test_a_wait_that_times_out_leaves_the_run_going(cluster):
+    g, B = naps(cluster, 10)  # 1 s on each rank
+    run = cluster.run(g)
+    with pytest.raises(TimeoutError, match="still going after 0.2 s"):
+        run.wait(timeout=0.2)
+    assert not run.done()
+    run.wait(timeout=60)
+    assert run.done() and np.all(B.gather() == 10.0)
+
 def test_cancel_stops_every_engine_quickly(cluster):
     g, _ = naps(cluster, 200)  # 20 s
     run = cluster.run(g)

@@ -268,6 +268,44 @@ def test_sbatch_command_rejects_bad_input_clearly(args, message, tmp_path, run_c
 # -- end to end: the job script under a stub srun -------------------------------------
 
 
+def slurm_env(tmp_path: Path, marker: str, **extra) -> dict:
+    """SLURM's variables for a 2-rank job, and an ``srun`` on PATH that drops its own
+    options and runs the rest under mpiexec (it notes its arguments in srun.args)."""
+    exe = config.mpiexec()
+    launch = " ".join(mpiexec_command(exe, launcher_flavour(exe), 2, [], os.geteuid() == 0))
+    stub = tmp_path / "bin" / "srun"
+    stub.parent.mkdir()
+    stub.write_text(
+        "#!/bin/bash\n# srun for tests: drop srun's options, run the rest under mpiexec\n"
+        'echo "srun $*" > "$(dirname "$0")/srun.args"\n'
+        'while [[ "${1:-}" == -* ]]; do shift; done\n'
+        f'exec {launch.replace(" -n 2", " -n $SLURM_NTASKS")} "$@"\n'
+    )
+    stub.chmod(0o755)
+    return _clean_env(
+        TASKGRAPH_TEST_JOB=marker,
+        PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}",
+        SLURM_JOB_ID="4242",
+        SLURM_SUBMIT_DIR=str(tmp_path),
+        SLURM_CPUS_PER_TASK="1",
+        SLURM_NTASKS="2",
+        **extra,
+    )
+
+
+def start_job(job: Path, env: dict) -> subprocess.Popen:
+    """``bash job`` in its folder, in a process group of its own (killed whole)."""
+    return subprocess.Popen(
+        ["bash", str(job)],
+        cwd=job.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 def test_job_runs_under_a_stub_srun_and_leaves_its_trace(tmp_path, run_cli):
@@ -280,36 +318,9 @@ def test_job_runs_under_a_stub_srun_and_leaves_its_trace(tmp_path, run_cli):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
 
-    exe = config.mpiexec()
-    launch = " ".join(mpiexec_command(exe, launcher_flavour(exe), 2, [], os.geteuid() == 0))
-    stub = tmp_path / "bin" / "srun"
-    stub.parent.mkdir()
-    stub.write_text(
-        "#!/bin/bash\n# srun for tests: drop srun's options, run the rest under mpiexec\n"
-        'echo "srun $*" > "$(dirname "$0")/srun.args"\n'
-        'while [[ "${1:-}" == -* ]]; do shift; done\n'
-        f'exec {launch.replace(" -n 2", " -n $SLURM_NTASKS")} "$@"\n'
-    )
-    stub.chmod(0o755)
-
     marker = uuid.uuid4().hex
-    env = _clean_env(
-        TASKGRAPH_TEST_JOB=marker,
-        PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}",
-        SLURM_JOB_ID="4242",
-        SLURM_SUBMIT_DIR=str(tmp_path),
-        SLURM_CPUS_PER_TASK="1",
-        SLURM_NTASKS="2",
-    )
-    bash = subprocess.Popen(
-        ["bash", str(job)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    env = slurm_env(tmp_path, marker)
+    bash = start_job(job, env)
     try:
         out, err = bash.communicate(timeout=180)
     except subprocess.TimeoutExpired:
@@ -328,3 +339,62 @@ def test_job_runs_under_a_stub_srun_and_leaves_its_trace(tmp_path, run_cli):
     assert (trace_dir / "cholesky.trace.json").exists(), err
     assert (trace_dir / "cholesky.html").exists()
     assert f"trace written to {trace_dir}" in err
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_a_notebook_attaches_to_the_engines_job(tmp_path, run_cli):
+    """``bash engines.sh`` (stub srun, as SLURM would run it) starts a controller and 2
+    engines; the notebook side attaches with the connection file the job prints, runs a
+    Cholesky on them, and ``scancel`` (SIGTERM to the job) stops every process."""
+    import queue
+    import threading
+    import time
+
+    import taskgraph as tg
+    from taskgraph.linalg import cholesky, cholesky_residual
+    from taskgraph.tiled import spd_dense
+
+    job = tmp_path / "engines.sh"
+    proc = run_cli(
+        "sbatch", "--engines", "--ntasks-per-node", "2", "--cpus-per-task", "1",
+        "--time", "5:00", "-o", str(job), timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    marker = uuid.uuid4().hex
+    env = slurm_env(tmp_path, marker, HOME=str(tmp_path), TASKGRAPH_CONTROLLER_IP="127.0.0.1")
+    bash = start_job(job, env)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in bash.stdout], daemon=True)
+    reader.start()
+    cluster = None
+    try:
+        connection, deadline = None, time.monotonic() + 90
+        while connection is None and time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                assert bash.poll() is None, f"the job ended: {bash.stderr.read()}"
+                continue
+            found = re.search(r'connection_file="([^"]+)", n=2\)', line)
+            connection = found.group(1) if found else None
+        assert connection, "the job printed no connection file within 90 s"
+        assert connection.startswith(str(tmp_path / ".ipython" / "profile_taskgraph"))
+        cluster = tg.Cluster.attach(connection_file=connection, n=2, timeout=60)
+        assert cluster.size == 2
+        A = tg.TiledMatrix.random_spd(256, 64, cluster=cluster)
+        cluster.run(cholesky(A)).wait(timeout=120)
+        assert cholesky_residual(spd_dense(256, 64), A.gather()) < 1e-14
+    finally:
+        if cluster is not None:
+            cluster.close()
+        os.killpg(bash.pid, signal.SIGTERM)  # what scancel does
+        try:
+            bash.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(bash.pid, signal.SIGKILL)
+            bash.wait()
+        reader.join(10)
+        bash.stdout.close()
+        bash.stderr.close()
+        assert_none_left(marker)

@@ -1,0 +1,144 @@
+"""Where a hop of the ping-pong goes: the comm suite's chain, taken apart by its trace.
+
+    python -m benchmarks.hops [--sizes 8 1048576] [--hops 1000]   # its own 2-rank job
+
+Runs the chain of ``benchmarks.comm`` (each task reads the other rank's tile and
+writes its own, so every hop is one task and one message) and splits a hop with the
+run's own trace (tracing is on by default; clocks are lined up at the start), medians
+over the hops:
+
+- ``task_us``: the task itself (the kernel call, its tile lookups, the trace stores);
+- ``recv_to_start_us``: from a receive completing to the task it releases starting;
+- ``end_to_send_us``: from a task ending to its send being posted;
+- ``transfer_us``: from a send being posted on one rank to its receive completing on
+  the other (MPI's transfer, and the time until a poll notices it).
+
+``hop_us`` is the run's time per hop (long chain minus a 2-hop chain, as the comm
+suite measures it) and ``raw_us`` a raw mpi4py ``Send``/``Recv`` ping-pong's one-way
+time in the same job; ``polls``, ``spins`` and ``sleeps`` per hop come from the
+executor's counters. Nothing here is a target: it is the profile behind the comm
+suite's latency and bandwidth figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import taskgraph as tg
+from benchmarks.comm import chain, chain_seconds, raw_one_way
+from benchmarks.common import emit
+from taskgraph import config
+from taskgraph.graph import INITIAL
+
+
+def us(values: list[float]) -> float:
+    return round(statistics.median(values) * 1e6, 2) if values else float("nan")
+
+
+def breakdown(run) -> dict:
+    """Median parts of a hop, from a finished run's merged trace (rank 0 only)."""
+    tr = run.trace
+    task = {row[5]: row for row in tr.tasks}  # task -> [rank, worker, start, end, ...]
+    by_key = {(m.src, m.dst, m.tag): m for m in run.plan.messages}
+    transfer, to_start, to_send = [], [], []
+    for src, dst, _nbytes, tag, posted, done in tr.messages:
+        msg = by_key[src, dst, tag]
+        transfer.append(done - posted)
+        to_start += [task[c][2] - done for c in msg.consumers]
+        if msg.producer != INITIAL:
+            to_send.append(posted - task[msg.producer][3])
+    return {
+        "task_us": us([row[3] - row[2] for row in tr.tasks]),
+        "recv_to_start_us": us(to_start),
+        "end_to_send_us": us(to_send),
+        "transfer_us": us(transfer),
+    }
+
+
+def measure(cluster, nbytes: int, hops: int) -> dict | None:
+    n = max(1, nbytes // 8)
+    X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X")
+    graphs = [chain(X, 2), chain(X, hops)]
+    plans = [tg.make_plan(g, 2) for g in graphs]
+    buf, other = np.ones(n), np.ones(n)
+    comm = cluster.world.comm
+    raw_one_way(comm, buf, other, 50)  # warm
+    for g, p in zip(graphs, plans):
+        chain_seconds(cluster, X, g, p)  # warm: compiled, buffers in the pool
+    raw = min(raw_one_way(comm, buf, other, 2000 if nbytes < 65536 else 200) for _ in range(3))
+    best = None
+    for _ in range(3):
+        short = chain_seconds(cluster, X, graphs[0], plans[0])
+        run = cluster.run(graphs[1], plan=plans[1]).wait()
+        long = max(cluster.world.allgather(run.seconds))
+        hop = (long - short) / (hops - 2)
+        if best is None or hop < best[0]:
+            best = (hop, run)
+    hop, run = best
+    stats = cluster.world.allgather(run.stats.as_dict())
+    if cluster.rank != 0:
+        return None
+    counts = {k: round(sum(s[k] for s in stats) / hops, 2) for k in ("polls", "spins", "sleeps")}
+    return {
+        "benchmark": "hops",
+        "bytes": nbytes,
+        "hops": hops,
+        "hop_us": round(hop * 1e6, 2),
+        "raw_us": round(raw * 1e6, 2),
+        **breakdown(run),
+        **{f"{k}_per_hop": v for k, v in counts.items()},
+    }
+
+
+def child(out: str, sizes: list[int], hops: int) -> None:
+    cluster = tg.Cluster()
+    if cluster.size != 2:
+        raise SystemExit(f"the ping-pong needs 2 ranks, not {cluster.size}")
+    for nbytes in sizes:
+        result = measure(cluster, nbytes, hops if nbytes < (1 << 20) else max(64, hops // 8))
+        if result is not None:
+            with open(out, "a") as f:
+                f.write(json.dumps(emit(result)) + "\n")
+
+
+def run(quick: bool = False, sizes=(8, 4096, 1 << 20), hops: int = 1000) -> list[dict]:
+    from taskgraph.launch import run_ranks
+
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "hops.jsonl")
+        argv = ["-m", "benchmarks.hops", "--child", out, "--hops", str(300 if quick else hops)]
+        argv += ["--sizes", *map(str, sizes)]
+        sys.stdout.flush()
+        proc = run_ranks(2, argv, timeout=900, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the 2-rank ping-pong job failed ({proc.returncode})")
+        return [json.loads(line) for line in Path(out).read_text().splitlines()]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", nargs="+", type=int, default=[8, 4096, 1 << 20])
+    p.add_argument("--hops", type=int, default=1000)
+    p.add_argument("--quick", action="store_true", help="300 hops")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        if not config.use_mpi():
+            raise SystemExit("--child runs inside the 2-rank job")
+        child(args.child, args.sizes, args.hops)
+        return
+    run(quick=args.quick, sizes=args.sizes, hops=args.hops)
+
+
+if __name__ == "__main__":
+    main()
