@@ -197,6 +197,7 @@ def test_a_wait_that_times_out_leaves_the_run_going(cluster):
     run.wait(timeout=60)
     assert run.done() and np.all(B.gather() == 10.0)
 
+
 def test_cancel_stops_every_engine_quickly(cluster):
     g, _ = naps(cluster, 200)  # 20 s
     run = cluster.run(g)
