@@ -11,7 +11,9 @@ over the hops:
 - ``recv_to_start_us``: from a receive completing to the task it releases starting;
 - ``end_to_send_us``: from a task ending to its send being posted;
 - ``transfer_us``: from a send being posted on one rank to its receive completing on
-  the other (MPI's transfer, and the time until a poll notices it).
+  the other (MPI's transfer, and the time until a poll notices it), the mean of the
+  two directions so that the ranks' clock offset cancels (``clock_offset_us``: that
+  offset, as the start barrier left it).
 
 ``hop_us`` is the run's time per hop (long chain minus a 2-hop chain, as the comm
 suite measures it) and ``raw_us`` a raw mpi4py ``Send``/``Recv`` ping-pong's one-way
@@ -48,18 +50,24 @@ def breakdown(run) -> dict:
     tr = run.trace
     task = {row[5]: row for row in tr.tasks}  # task -> [rank, worker, start, end, ...]
     by_key = {(m.src, m.dst, m.tag): m for m in run.plan.messages}
-    transfer, to_start, to_send = [], [], []
+    transfer: dict[tuple[int, int], list[float]] = {(0, 1): [], (1, 0): []}
+    to_start, to_send = [], []
     for src, dst, _nbytes, tag, posted, done in tr.messages:
         msg = by_key[src, dst, tag]
-        transfer.append(done - posted)
+        transfer[src, dst].append(done - posted)
         to_start += [task[c][2] - done for c in msg.consumers]
         if msg.producer != INITIAL:
             to_send.append(posted - task[msg.producer][3])
+    # posted and done are on two ranks' clocks: their offset adds to one direction and
+    # takes from the other, so the mean of the two cancels it (and half the difference
+    # measures it)
+    there, back = us(transfer[0, 1]), us(transfer[1, 0])
     return {
         "task_us": us([row[3] - row[2] for row in tr.tasks]),
         "recv_to_start_us": us(to_start),
         "end_to_send_us": us(to_send),
-        "transfer_us": us(transfer),
+        "transfer_us": round((there + back) / 2, 2),
+        "clock_offset_us": round((there - back) / 2, 2),
     }
 
 
