@@ -133,7 +133,12 @@ class Executor:
         self.stats = Stats()
         nsends = sum(len(v) for v in plan.sends.values())
         self.trace = Recorder(
-            len(plan.tasks), nsends + len(plan.recvs), trace, self.nworkers, network.rank
+            len(plan.tasks),
+            nsends + len(plan.recvs),
+            trace,
+            self.nworkers,
+            network.rank,
+            network.host,
         )
         self.max_sends = config.max_sends()
         self.recv_budget = config.recv_budget()
@@ -497,8 +502,9 @@ class Executor:
         posted = False
         while self.sends_waiting and len(self.sends_active) < self.max_sends:
             msg = self.sends_waiting.popleft()
+            at = self.trace.now()  # before the call: the message may land before it returns
             self.sends_active.append(self.net.isend(self._payload(msg), msg.dst, msg.tag))
-            self.sends_active_msgs.append((msg, self.trace.now()))
+            self.sends_active_msgs.append((msg, at))
             self.stats.sent += 1
             self.stats.bytes_sent += msg.nbytes
             posted = True

@@ -2,7 +2,9 @@
 
 Each rank records into arrays preallocated from its plan (one row per task it runs,
 one row per message it sends or receives), so recording costs a few stores, never an
-allocation. Times are seconds since the run's start on that rank.
+allocation. Times are seconds since the run's start on that rank: ranks leave a
+barrier together and start their clocks then; when merged, ranks on one host are put
+on one time base exactly (they share the host's monotonic clock).
 
 ``batch(cursor)`` hands out what was recorded since the last batch: live viewers
 (a notebook, a progress line) pull batches at their own pace, and the executor never
@@ -27,10 +29,17 @@ class Recorder:
     """Preallocated task and message events of one rank in one run."""
 
     def __init__(
-        self, ntasks: int, nmessages: int, enabled: bool = True, workers: int = 1, rank: int = 0
+        self,
+        ntasks: int,
+        nmessages: int,
+        enabled: bool = True,
+        workers: int = 1,
+        rank: int = 0,
+        host: str = "",
     ):
         self.enabled = enabled
         self.rank = rank
+        self.host = host
         self.workers = workers
         self.start()
         # seconds each worker spent waiting: [waiting on communication, idle]
@@ -112,6 +121,8 @@ class Recorder:
         }
         out = {
             "rank": self.rank,
+            "host": self.host,
+            "t0": self.t0,  # this rank's time zero on its host's monotonic clock
             "workers": self.workers,
             "waits": self.waits.tolist(),
             "wall": self.wall or self.now(),
@@ -170,6 +181,7 @@ class Trace:
         self.error: str | None = None
         self.elapsed = 0.0
         self.critical: dict = {"length": 0.0, "makespan": 0.0, "tasks": []}
+        self._clock: tuple[str, float] | None = None  # (host, time zero) of the base rank
 
     @classmethod
     def for_graph(cls, graph, nranks: int) -> Trace:
@@ -188,11 +200,12 @@ class Trace:
         self.waits[rank] = batch["waits"]
         self.wall[rank] = batch["wall"]
         self.elapsed = max(self.elapsed, batch.get("elapsed", batch["wall"]))
+        shift = self._shift(batch)
         ev = batch["events"]["tasks"]
         rows = []
         for tid, w, s, e, st in zip(ev["id"], ev["worker"], ev["start"], ev["end"], ev["state"]):
             k = self.kernel_of[tid]
-            rows.append([rank, w, s, e, k, tid, st])
+            rows.append([rank, w, s + shift, e + shift, k, tid, st])
             if st == TASK_DONE:
                 self.kernel_done[k] += 1
                 self.kernel_seconds[k] += e - s
@@ -206,6 +219,7 @@ class Trace:
             if d > 0:
                 self.sent[src, dst] += nbytes
                 self.sent_count[src, dst] += 1
+            posted, done = posted + shift, done + shift
             key = (src, dst, tag)
             other = self._half.pop(key, None)
             if other is None:
@@ -216,6 +230,18 @@ class Trace:
             msgs.append(row)
         self.messages += msgs
         return rows, msgs
+
+    def _shift(self, batch: dict) -> float:
+        """Seconds to add to a rank's times. Ranks on one host share its monotonic clock,
+        so their times go onto one base exactly (the first rank seen there); ranks on
+        other hosts keep the alignment of the start barrier (tens of µs to a few ms)."""
+        host, t0 = batch.get("host"), batch.get("t0")
+        if not host or t0 is None:
+            return 0.0
+        if self._clock is None:
+            self._clock = (host, t0)
+        base_host, base_t0 = self._clock
+        return t0 - base_t0 if host == base_host else 0.0
 
     def finish(self, error: str | None = None) -> None:
         """The run ended (well, or with ``error``): settle status and critical path."""

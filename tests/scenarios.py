@@ -458,7 +458,8 @@ def trace_lines_ranks_up_and_records_every_message():
         time.sleep(0.3)
     run = c.run(g).wait()
     starts = c.world.allgather((c.host, run.executor.trace.t0))
-    if len({host for host, _ in starts}) == 1:  # one clock to compare with
+    one_host = len({host for host, _ in starts}) == 1
+    if one_host:  # one clock to compare with
         t0s = [t0 for _, t0 in starts]
         assert max(t0s) - min(t0s) < 0.05, f"rank clocks start {max(t0s) - min(t0s):.3f} s apart"
     if c.rank != 0:
@@ -468,7 +469,9 @@ def trace_lines_ranks_up_and_records_every_message():
     planned = sorted((m.src, m.dst, m.tag, m.nbytes) for m in run.plan.messages)
     got = sorted((src, dst, tag, nbytes) for src, dst, nbytes, tag, _, _ in tr.messages)
     assert got == planned
-    tol = 0.02  # the barrier's exit skew, on a loaded machine
+    # on one host the merged trace shares the host's clock: causality holds to the µs;
+    # across hosts the start barrier's skew is the error
+    tol = 1e-5 if one_host else 0.02
     for *_, posted, done in tr.messages:
         assert done >= posted - tol, (posted, done)
     where = {row[5]: row for row in tr.tasks}  # task -> [rank, worker, start, end, ...]

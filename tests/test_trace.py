@@ -82,6 +82,33 @@ def test_merge_matches_both_ends_of_a_message():
     assert tr.sent_count.tolist() == [[0, 1], [0, 0]]
 
 
+def one_task_batch(rank: int, host: str, t0: float, start: float, end: float) -> dict:
+    empty = {k: [] for k in ("peer", "bytes", "tag", "posted", "done", "dir")}
+    tasks = {"id": [rank], "worker": [0], "start": [start], "end": [end], "state": [TASK_DONE]}
+    return {
+        "rank": rank,
+        "host": host,
+        "t0": t0,
+        "workers": 1,
+        "waits": [[0.0, 0.0]],
+        "wall": 1.0,
+        "events": {"tasks": tasks, "messages": empty},
+    }
+
+
+def test_ranks_on_one_host_are_merged_onto_one_clock():
+    """Rank 1 started its clock 0.25 s after rank 0 on the same host: its times move
+    onto rank 0's base; rank 2, on another host, keeps the barrier's alignment."""
+    tr = Trace("clocks", 3, ["a", "b", "c"], [0, 0, 0], ["k"])
+    tr.ingest(one_task_batch(0, "node1", 100.0, 0.1, 0.2))
+    tr.ingest(one_task_batch(1, "node1", 100.25, 0.1, 0.2))
+    tr.ingest(one_task_batch(2, "node2", 7.0, 0.1, 0.2))
+    starts = {row[0]: (row[2], row[3]) for row in tr.tasks}
+    assert starts[0] == (0.1, 0.2)
+    assert starts[1] == pytest.approx((0.35, 0.45))
+    assert starts[2] == (0.1, 0.2)
+
+
 def test_summary_utilisation_adds_up_to_wall_time():
     s = two_rank_trace().summary()
     for u in s["utilisation"]:
