@@ -236,6 +236,20 @@ def comm_section(rows: list[Row]) -> str:
             ("bandwidth fraction", "bandwidth_fraction"),
         ],
     )
+    s += "\nWhere a hop goes (`python -m benchmarks hops`, medians from the run's trace):\n\n"
+    s += table(
+        of(rows, "hops"),
+        [
+            ("bytes", "bytes"),
+            ("hop µs", "hop_us"),
+            ("raw µs", "raw_us"),
+            ("task µs", "task_us"),
+            ("receive → task start µs", "recv_to_start_us"),
+            ("task end → send posted µs", "end_to_send_us"),
+            ("send posted → received µs", "transfer_us"),
+            ("polls/hop", "polls_per_hop"),
+        ],
+    )
     return s
 
 
