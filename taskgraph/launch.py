@@ -3,7 +3,9 @@
 The command is a pure function of the launcher and the rank count, so it is tested
 without starting anything. :func:`run_ranks` starts the job in a process group of
 its own and, on a timeout or an interrupt, kills the whole group: no rank outlives
-the call.
+the call. Once ``mpiexec`` itself has exited, whatever it started gets a few seconds
+to let go of the job's output, then the group is killed: a straggler that holds a
+pipe must not hang the caller.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 from . import config
@@ -75,11 +78,54 @@ def run_ranks(
         env=env,
     )
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = collect(proc, timeout)
     except BaseException:  # a timeout, or Ctrl-C: take the whole job down
         kill_group(proc)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+LINGER = 5.0  # seconds a job's leftovers may hold its output after its launcher exits
+
+
+def collect(proc: subprocess.Popen, timeout: float | None, linger: float = LINGER):
+    """``proc.communicate()`` within ``timeout`` (TimeoutExpired past it), except that
+    once ``proc`` has exited, what it started gets ``linger`` seconds to close the
+    output pipes; then its process group is killed and the output read so far is
+    returned. (Seen: mpiexec exiting after a rank died while a proxy of its held the
+    pipe, and a caller waiting for end-of-file until its own timeout.)"""
+    start = time.monotonic()
+    exited: float | None = None
+    while True:
+        step = 0.25 if timeout is None else max(0.01, min(0.25, start + timeout - time.monotonic()))
+        try:
+            return proc.communicate(timeout=step)
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if timeout is not None and now - start >= timeout:
+                raise
+            if proc.poll() is None:
+                continue
+            exited = exited or now
+            if now - exited >= linger:
+                break
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        return proc.communicate(timeout=linger)
+    except subprocess.TimeoutExpired as last:  # held by something outside the group
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        return _text(last.output), _text(last.stderr)
+
+
+def _text(data) -> str | None:
+    if data is None or isinstance(data, str):
+        return data
+    return data.decode(errors="replace")
 
 
 def kill_group(proc: subprocess.Popen) -> None:
