@@ -8,7 +8,7 @@ TASKGRAPH_MPIEXEC              the ``mpiexec`` command to launch ranks with    [
 TASKGRAPH_WORKERS              worker threads per rank                         cores/ranks
 TASKGRAPH_BLAS_THREADS         BLAS threads per worker                         1
 TASKGRAPH_MAX_SENDS            sends in flight per rank                        64
-TASKGRAPH_RECV_BUDGET_MB       bytes of receives posted ahead per rank         512
+TASKGRAPH_RECV_BUDGET_MB       MiB of receives posted ahead per rank           2
 TASKGRAPH_MAX_RECVS            receives posted ahead per rank (more: probed)   16
 TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      250
 TASKGRAPH_SPIN_US              keep polling this long after the last message   300
@@ -87,7 +87,7 @@ def max_sends() -> int:
 
 
 def recv_budget() -> int:
-    return max(1, _int("TASKGRAPH_RECV_BUDGET_MB", 512)) << 20
+    return max(1, _int("TASKGRAPH_RECV_BUDGET_MB", 2)) << 20
 
 
 def max_recvs() -> int:

@@ -154,6 +154,7 @@ class Executor:
         # own sends, with no hand-over between threads on the way).
         self.net_token = threading.Lock()
         self.pollers = 0  # idle workers polling the network (at most one)
+        self.waiting = 0  # workers in lock.wait (a notify with none is skipped: it costs)
         self.state = {t: State.WAITING for t in plan.tasks}
         self.waits = dict(plan.waits)
         self.ready: list[tuple[float, int]] = []
@@ -216,7 +217,9 @@ class Executor:
                     else:
                         self.wake.set()  # the progress thread should poll sooner
                     while not self.ready and not self.stopping:
+                        self.waiting += 1
                         lock.wait()
+                        self.waiting -= 1
                     self.trace.waited(index, now() - t_idle, on_network)
                 if self.stopping:
                     return
@@ -291,7 +294,9 @@ class Executor:
                     lock.acquire()  # nothing came for a while
                     sleep = commlib.next_sleep(sleep, clock() - last, self.poll_max)
                     self.stats.sleeps += 1
+                    self.waiting += 1
                     lock.wait(sleep)
+                    self.waiting -= 1
         finally:
             # the progress thread takes over within poll_max (not woken now: for a
             # short task this worker is back polling before it would matter, and
@@ -301,22 +306,19 @@ class Executor:
 
     def _call(self, t: int):
         task = self.graph.tasks[t]
-        if not task.kwargs and all(isinstance(a, Ref) for a in task.args):
-            versions = dict(task.reads)
-            args = [self._fetch(a.data, versions) for a in task.args]
-            return task.fn.fn(*args)
-        versions = dict(task.reads)
-        args = [self._fetch(a.data, versions) if isinstance(a, Ref) else a for a in task.args]
-        kwargs = {}
+        reads, fetch = task.reads, self._fetch
+        args = [fetch(a.data, reads) if a.__class__ is Ref else a for a in task.args]
         if task.kwargs:
             kwargs = {
-                k: self._fetch(v.data, versions) if isinstance(v, Ref) else v
+                k: fetch(v.data, reads) if v.__class__ is Ref else v
                 for k, v in task.kwargs.items()
             }
-        return task.fn.fn(*args, **kwargs)
+            return task.fn.fn(*args, **kwargs)
+        return task.fn.fn(*args)
 
-    def _fetch(self, d: int, versions: dict[int, int]):
-        """The local array or value of the data a task uses."""
+    def _fetch(self, d: int, reads: tuple):
+        """The local array or value of the data a task uses (``reads``: the
+        versions it reads)."""
         item = self.graph.data[d]
         tile = item.tile
         if tile is not None:
@@ -325,7 +327,10 @@ class Executor:
                 return arr
         elif item.producer in self.values:
             return self.values[item.producer]
-        return self.received[d, versions[d]]
+        for data, producer in reads:  # received: the version this task reads
+            if data == d:
+                return self.received[d, producer]
+        raise KeyError(f"task reads data {d} but no version of it")
 
     def _finish(self, t: int, value) -> None:
         """Task t ended well: count down what waited for it. Lock held."""
@@ -348,7 +353,7 @@ class Executor:
                         self.pool.put(buf)
                 else:
                     self.refs[key] = left - 1
-        if woken > 1:
+        if woken > 1 and self.waiting:
             self.lock.notify(woken - 1)  # this worker takes one itself
         if t in self.plan.sends:
             self.outbox.append(t)  # the worker posts them itself if it can (see _worker)
@@ -430,18 +435,28 @@ class Executor:
 
     def _poll(self) -> bool:
         """One pass over the network; True if anything happened. Token held."""
-        with self.lock:
-            finished = self.outbox
-            self.outbox = []
-        for t in finished:
-            self.sends_waiting.extend(self.plan.sends[t])
-        busy = bool(finished)
-        busy |= self._post_sends()
-        busy |= self._post_recvs()
-        busy |= self._test_recvs()
-        busy |= self._test_sends()
-        busy |= self._probe()
+        busy = False
+        if self.outbox:  # appended under the lock; a late one is taken next poll
+            with self.lock:
+                finished, self.outbox = self.outbox, []
+            sends = self.plan.sends
+            for t in finished:
+                self.sends_waiting.extend(sends[t])
+            busy = True
+        # each step only when it has something to do: this is the path of every message
+        if self.sends_waiting and self._post_sends():
+            busy = True
+        if self.recvs_todo and self._post_recvs():
+            busy = True
+        if self.recvs_active and self._test_recvs():
+            busy = True
+        if self.sends_active and self._test_sends():
+            busy = True
         self.stats.polls += 1
+        # unexpected messages (values, signals, aborts, tiles beyond the posted
+        # window) when nothing else happened, and at least every 8th poll
+        if (not busy or not self.stats.polls & 7) and self._probe():
+            busy = True
         return busy
 
     def _try_poll(self) -> bool | None:
@@ -522,9 +537,15 @@ class Executor:
 
     def _post_recvs(self) -> bool:
         posted = False
+        # ahead of need, but only as many bytes as stay in cache (and always one): a
+        # receive lands in a pooled buffer, and a window of 16 buffers of 1 MiB made a
+        # 1 MiB ping-pong 1.6x slower than one or two
         while self.recvs_todo and (
             not self.recvs_active
-            or (self.posted_bytes < self.recv_budget and len(self.recvs_active) < self.max_recvs)
+            or (
+                self.posted_bytes + self.recvs_todo[0].nbytes <= self.recv_budget
+                and len(self.recvs_active) < self.max_recvs
+            )
         ):
             msg = self.recvs_todo.popleft()
             if (msg.src, msg.tag) not in self.expected:
@@ -571,10 +592,16 @@ class Executor:
         done = self.net.test_some(self.recvs_active)
         if not done:
             return False
-        finished = [self.recvs_active_msgs[i] for i in done]
-        keep = set(done)
-        self.recvs_active = [r for i, r in enumerate(self.recvs_active) if i not in keep]
-        self.recvs_active_msgs = [m for i, m in enumerate(self.recvs_active_msgs) if i not in keep]
+        if len(done) == 1:
+            del self.recvs_active[done[0]]
+            finished = [self.recvs_active_msgs.pop(done[0])]
+        else:
+            finished = [self.recvs_active_msgs[i] for i in done]
+            keep = set(done)
+            self.recvs_active = [r for i, r in enumerate(self.recvs_active) if i not in keep]
+            self.recvs_active_msgs = [
+                m for i, m in enumerate(self.recvs_active_msgs) if i not in keep
+            ]
         with self.lock:
             woken = 0
             for msg, buf, posted in finished:
@@ -589,7 +616,7 @@ class Executor:
                     self._deliver(msg, commlib.loads(buf))
                 for t in set(msg.consumers):
                     woken += self._count_down(t)
-            if woken:
+            if woken and self.waiting:
                 self.lock.notify(woken)
         return True
 
@@ -602,17 +629,23 @@ class Executor:
         done = self.net.test_some(self.sends_active)
         if not done:
             return False
-        finished = [self.sends_active_msgs[i] for i in done]
-        keep = set(done)
-        self.sends_active = [r for i, r in enumerate(self.sends_active) if i not in keep]
-        self.sends_active_msgs = [m for i, m in enumerate(self.sends_active_msgs) if i not in keep]
+        if len(done) == 1:
+            del self.sends_active[done[0]]
+            finished = [self.sends_active_msgs.pop(done[0])]
+        else:
+            finished = [self.sends_active_msgs[i] for i in done]
+            keep = set(done)
+            self.sends_active = [r for i, r in enumerate(self.sends_active) if i not in keep]
+            self.sends_active_msgs = [
+                m for i, m in enumerate(self.sends_active_msgs) if i not in keep
+            ]
         with self.lock:
             woken = 0
             for msg, posted in finished:
                 self.trace.message(msg.dst, msg.nbytes, msg.tag, posted, +1)
                 for t in msg.release:
                     woken += self._count_down(t)
-            if woken:
+            if woken and self.waiting:
                 self.lock.notify(woken)
         return True
 
