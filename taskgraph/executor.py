@@ -310,8 +310,7 @@ class Executor:
         args = [fetch(a.data, reads) if a.__class__ is Ref else a for a in task.args]
         if task.kwargs:
             kwargs = {
-                k: fetch(v.data, reads) if v.__class__ is Ref else v
-                for k, v in task.kwargs.items()
+                k: fetch(v.data, reads) if v.__class__ is Ref else v for k, v in task.kwargs.items()
             }
             return task.fn.fn(*args, **kwargs)
         return task.fn.fn(*args)
