@@ -54,6 +54,9 @@ from .graph import INITIAL, Graph, Ref
 from .plan import CONTROL_TAG, Message, RankPlan
 from .trace import TASK_DONE, TASK_FAILED, Recorder
 
+POLLED_SLEEP = 4e-3  # the progress thread's longest sleep while a worker polls
+LONG_TASK = 4e6  # flops: a worker starting a longer task hands polling to that thread
+
 
 class State(enum.IntEnum):
     WAITING = 0
@@ -227,6 +230,8 @@ class Executor:
                 self._move(t, State.RUNNING)
                 self._running += 1
                 lock.release()
+                if self.graph.tasks[t].cost >= LONG_TASK and self.net.size > 1:
+                    self.wake.set()  # the progress thread polls while this task runs
                 start = now()
                 try:
                     value = self._call(t)
@@ -239,11 +244,22 @@ class Executor:
                     self._fail(t, exc)
                     return
                 end = now()
+                # its sends first, if the network is free: they are the critical path
+                # of another rank, the bookkeeping below is not
+                sent = False
+                if t in self.plan.sends and self.net.size > 1:
+                    try:
+                        sent = self._post_now(t)
+                    except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                        lock.acquire()
+                        self._running -= 1
+                        self._fail(None, exc)
+                        return
                 lock.acquire()
                 self._running -= 1
                 self.trace.task(t, index, start, end, TASK_DONE)
                 try:
-                    self._finish(t, value)
+                    self._finish(t, value, sent)
                 except BaseException as exc:  # noqa: BLE001 - a runtime bug: fail loudly
                     self._fail(t, exc, state=State.DONE)
                     return
@@ -298,9 +314,12 @@ class Executor:
                     lock.wait(sleep)
                     self.waiting -= 1
         finally:
-            # the progress thread takes over within poll_max (not woken now: for a
-            # short task this worker is back polling before it would matter, and
-            # waking it would make this worker wait for the GIL)
+            if not self.ready and not self.stopping:
+                self.wake.set()  # no message left to wait for: sends may still be out
+            # for a task, the progress thread is woken only if the task is long (see
+            # _worker), or takes over within POLLED_SLEEP: a short task has this worker
+            # back polling before it would matter, and waking the thread would make
+            # this worker wait for the GIL
             self.pollers -= 1
         return True
 
@@ -331,8 +350,21 @@ class Executor:
                 return self.received[d, producer]
         raise KeyError(f"task reads data {d} but no version of it")
 
-    def _finish(self, t: int, value) -> None:
-        """Task t ended well: count down what waited for it. Lock held."""
+    def _post_now(self, t: int) -> bool:
+        """Post task t's sends unless another thread polls; True if this thread took
+        them (some may wait for a free slot). Lock not held."""
+        if not self.net_token.acquire(blocking=False):
+            return False
+        try:
+            self.sends_waiting.extend(self.plan.sends[t])
+            self._post_sends()
+        finally:
+            self.net_token.release()
+        return True
+
+    def _finish(self, t: int, value, sent: bool = False) -> None:
+        """Task t ended well: count down what waited for it (``sent``: its sends are
+        taken already). Lock held."""
         self._move(t, State.DONE)
         self.done += 1
         task = self.graph.tasks[t]
@@ -354,7 +386,7 @@ class Executor:
                     self.refs[key] = left - 1
         if woken > 1 and self.waiting:
             self.lock.notify(woken - 1)  # this worker takes one itself
-        if t in self.plan.sends:
+        if t in self.plan.sends and not sent:
             self.outbox.append(t)  # the worker posts them itself if it can (see _worker)
             if self.net.size == 1:
                 self.wake.set()
@@ -447,9 +479,11 @@ class Executor:
             busy = True
         if self.recvs_todo and self._post_recvs():
             busy = True
-        if self.recvs_active and self._test_recvs():
-            busy = True
+        # sends first: a completed receive then ends the poll, and the task it releases
+        # starts without the sends' bookkeeping in between
         if self.sends_active and self._test_sends():
+            busy = True
+        if self.recvs_active and self._test_recvs():
             busy = True
         self.stats.polls += 1
         # unexpected messages (values, signals, aborts, tiles beyond the posted
@@ -507,6 +541,12 @@ class Executor:
                 # hidden, so leave their cores alone
                 busy_workers = not pollers and self._running >= self.nworkers
                 cap = 10 * self.poll_max if busy_workers else self.poll_max
+                if pollers:
+                    # a worker polls, and wakes this thread when it starts a long task
+                    # or stops polling: look now and then only. Waking every poll_max
+                    # took the core (and the GIL) from the worker on the path of every
+                    # message: a ping-pong hop took 1.5x as long
+                    cap = POLLED_SLEEP
                 sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
                 self.stats.sleeps += 1
                 self.wake.wait(sleep)
