@@ -15,8 +15,12 @@ there is no central scheduler. Two kinds of threads::
 Cooperative progress: one thread at a time holds the network token and may call MPI.
 An idle worker that waits for a message polls the network itself (and the progress
 thread steps back), so the worker that runs the released task is the one that finds
-the message; a worker posts its finished task's sends itself when the token is free.
-On the way from a message to the next message no thread hands work to another.
+the message; a worker posts its finished task's sends itself when the token is free,
+before its own bookkeeping. On the way from a message to the next message no thread
+hands work to another. While a worker polls, the progress thread sleeps (up to
+``POLLED_SLEEP``): the worker wakes it when it starts a long task (``LONG_TASK``
+flops) or stops polling, so that transfers go on while every worker computes.
+Receives are posted ahead up to a byte budget small enough to stay in cache.
 
 Task states move WAITING -> READY -> RUNNING -> DONE (or FAILED), through
 :meth:`Executor._move` only. A task is READY when its counter reaches zero: one
@@ -26,7 +30,7 @@ of the tile version it overwrites (a cross-rank write-after-read).
 A polling worker keeps polling (yielding the GIL) for ``spin`` seconds after the last
 message, then sleeps, doubling the sleep up to ``poll_max`` and, past it, up to 5 % of
 the time it has waited (:func:`~taskgraph.comm.next_sleep`); the progress thread
-always backs off that way and wakes at once when a worker hands it work: a rank that
+backs off that way too and wakes at once when a worker hands it work: a rank that
 waits for a message does not burn a core.
 
 A task that raises stops this rank's workers, sends an abort to every other rank,
