@@ -23,7 +23,7 @@ import numpy as np
 from . import config
 from .comm import World, world
 from .errors import RunError
-from .executor import BufferPool, Executor, Stats
+from .executor import BufferPool, Executor, Stats, gc_frozen
 from .graph import Graph
 from .plan import Plan, make_plan
 from .trace import Trace
@@ -87,7 +87,7 @@ class Run:
 
         try:
             self.compile_seconds = compile_kernels(self.graph)
-            with threadpool_limits(limits=self.blas_threads, user_api="blas"):
+            with threadpool_limits(limits=self.blas_threads, user_api="blas"), gc_frozen():
                 ex = Executor(
                     self.graph,
                     self.rank_plan,

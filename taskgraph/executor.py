@@ -41,7 +41,9 @@ before the run's communicator is freed, so every rank raises the same
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import gc
 import heapq
 import os
 import threading
@@ -76,6 +78,25 @@ _LEGAL = {
     (State.RUNNING, State.DONE),
     (State.RUNNING, State.FAILED),
 }
+
+
+@contextlib.contextmanager
+def gc_frozen():
+    """Collections leave the objects that exist now alone, for the duration.
+
+    The graph, its plan and the data of a run are up to millions of long-lived objects,
+    and every full collection during the run (the executor's own allocations trigger
+    them) walks them all. Nothing is done if the collector is off or the process froze
+    objects itself.
+    """
+    freeze = gc.isenabled() and gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.unfreeze()
 
 
 class BufferPool:

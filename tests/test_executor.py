@@ -55,3 +55,33 @@ def test_one_worker_always_runs_the_ready_task_of_highest_priority():
         better = [u for u in ready if priority[u] > priority[t]]
         assert not better, f"{g.label(t)} ran while {g.label(better[0])} was ready"
         started.add(t)
+
+
+def test_a_run_freezes_the_collector_and_thaws_it_after():
+    """During a run, collections skip the objects that existed before it (the graph and
+    its plan); after it, nothing stays frozen, and a process that froze objects itself
+    keeps its own freeze."""
+    import gc
+
+    import taskgraph as tg
+
+    @tg.task
+    def frozen_now():
+        return gc.get_freeze_count()
+
+    def run_once() -> int:
+        with tg.Graph("gc") as g:
+            f = frozen_now()
+        tg.current_cluster().run(g).wait()
+        return f.result()
+
+    assert gc.get_freeze_count() == 0
+    assert run_once() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        run_once()
+        assert gc.get_freeze_count() == mine
+    finally:
+        gc.unfreeze()
