@@ -80,6 +80,19 @@ _LEGAL = {
 }
 
 
+def _take(done: list[int], handles: list, entries: list) -> list:
+    """Remove the completed requests (indices ``done``) from ``handles`` and their
+    entries from ``entries``, in place; return those entries."""
+    if len(done) == 1:  # the common case, without rebuilding the lists
+        del handles[done[0]]
+        return [entries.pop(done[0])]
+    keep = set(done)
+    taken = [entries[i] for i in done]
+    handles[:] = [h for i, h in enumerate(handles) if i not in keep]
+    entries[:] = [e for i, e in enumerate(entries) if i not in keep]
+    return taken
+
+
 @contextlib.contextmanager
 def gc_frozen():
     """Collections leave the objects that exist now alone, for the duration.
@@ -656,16 +669,7 @@ class Executor:
         done = self.net.test_some(self.recvs_active)
         if not done:
             return False
-        if len(done) == 1:
-            del self.recvs_active[done[0]]
-            finished = [self.recvs_active_msgs.pop(done[0])]
-        else:
-            finished = [self.recvs_active_msgs[i] for i in done]
-            keep = set(done)
-            self.recvs_active = [r for i, r in enumerate(self.recvs_active) if i not in keep]
-            self.recvs_active_msgs = [
-                m for i, m in enumerate(self.recvs_active_msgs) if i not in keep
-            ]
+        finished = _take(done, self.recvs_active, self.recvs_active_msgs)
         with self.lock:
             woken = 0
             for msg, buf, posted in finished:
@@ -693,16 +697,7 @@ class Executor:
         done = self.net.test_some(self.sends_active)
         if not done:
             return False
-        if len(done) == 1:
-            del self.sends_active[done[0]]
-            finished = [self.sends_active_msgs.pop(done[0])]
-        else:
-            finished = [self.sends_active_msgs[i] for i in done]
-            keep = set(done)
-            self.sends_active = [r for i, r in enumerate(self.sends_active) if i not in keep]
-            self.sends_active_msgs = [
-                m for i, m in enumerate(self.sends_active_msgs) if i not in keep
-            ]
+        finished = _take(done, self.sends_active, self.sends_active_msgs)
         with self.lock:
             woken = 0
             for msg, posted in finished:

@@ -85,3 +85,16 @@ def test_a_run_freezes_the_collector_and_thaws_it_after():
         assert gc.get_freeze_count() == mine
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("done", [[1], [0, 2], [3, 0], [0, 1, 2, 3]])
+def test_completed_requests_leave_both_lists_in_step(done):
+    from taskgraph.executor import _take
+
+    handles, entries = ["h0", "h1", "h2", "h3"], ["e0", "e1", "e2", "e3"]
+    same = (handles, entries)
+    taken = _take(done, handles, entries)
+    assert taken == [f"e{i}" for i in done]
+    left = [i for i in range(4) if i not in done]
+    assert handles == [f"h{i}" for i in left] and entries == [f"e{i}" for i in left]
+    assert (handles, entries) == same and handles is same[0]  # in place: others hold them
