@@ -88,8 +88,11 @@ def compile_kernels(dtypes=("float64", "float32")) -> float:
     return compile_all(dtypes)["total"]
 
 
-def run_graph(payload: bytes, run_id: str, interval: float = 0.25) -> dict:
-    """Run this rank's share of a planned graph; publish progress while it runs."""
+def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) -> dict:
+    """Run this rank's share of a planned graph; publish progress while it runs.
+    First drop the matrices in ``forget`` (freed in the notebook since the last run)."""
+    for uid in forget:
+        forget_matrix(uid)
     plan, workers, blas_threads, trace = cloudpickle.loads(payload)
     cluster = current_cluster()
     run = cluster.run(

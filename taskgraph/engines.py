@@ -27,6 +27,7 @@ import signal
 import time
 import uuid
 import weakref
+from collections import deque
 
 import cloudpickle
 import numpy as np
@@ -63,6 +64,8 @@ class EngineCluster(Cluster):
         self.timeout = timeout
         self._ipp = _ipp_cluster
         self._owns = _client is None
+        # matrices freed here, for the engines to drop with the next run's message
+        self._forgotten: deque[int] = deque()
         self.start_seconds = 0.0
         if _client is None:
             if n is None or n < 1:
@@ -307,13 +310,16 @@ def check_one_world(ids: list[int], infos: list[dict], token: str) -> None:
 
 
 def _forget(cluster_ref, uid: int) -> None:
+    """A matrix was freed: its engines drop their tiles with the next run's message.
+
+    Only a note here: this runs whenever the collector frees the matrix, in the middle
+    of any code, and a Ctrl-C that lands inside a finalizer is lost (a finalizer's
+    exceptions are only printed), so it must be over in a few bytecodes. Sending from
+    here lost the Ctrl-C of a ``wait()`` once in CI.
+    """
     cluster = cluster_ref()
-    if cluster is None or getattr(cluster, "client", None) is None:
-        return
-    try:
-        cluster.view.apply_async(engine_side.forget_matrix, uid)
-    except Exception:  # noqa: BLE001 - a closed cluster has nothing to forget
-        pass
+    if cluster is not None:
+        cluster._forgotten.append(uid)
 
 
 class EngineRun:
@@ -335,7 +341,10 @@ class EngineRun:
         payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace))
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
-        self.ar = cluster.view.apply_async(engine_side.run_graph, payload, self.id)
+        forget = []
+        while cluster._forgotten:
+            forget.append(cluster._forgotten.popleft())
+        self.ar = cluster.view.apply_async(engine_side.run_graph, payload, self.id, forget)
         self._seen: list[set[str]] = [set() for _ in range(cluster.size)]
         self._kept: list[dict] = []  # every batch, for the trace
         self._trace: Trace | None = None

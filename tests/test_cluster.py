@@ -118,6 +118,28 @@ def test_from_numpy_scatters_and_gather_collects(cluster):
     assert np.array_equal(X.gather(), x)
 
 
+def test_a_freed_matrix_is_dropped_by_the_engines_with_the_next_run(cluster):
+    """Freeing a matrix in the notebook only notes it (its finalizer may run in the
+    middle of anything, a Ctrl-C included); the next run's message tells the engines."""
+
+    def held() -> list[int]:
+        view = cluster.client[cluster.engine_ids[0]]
+        view.execute("from taskgraph import engine_side; held = list(engine_side.MATRICES)")
+        return view.pull("held", block=True)
+
+    A = tg.TiledMatrix.zeros((4, 4), 2, cluster=cluster)
+    uid = A.uid
+    assert uid in held()
+    del A
+    gc.collect()
+    assert uid in held()  # noted, nothing sent yet
+    g, _ = naps(cluster, 1)
+    before = len(cluster.client.history)
+    cluster.run(g).wait()
+    assert len(cluster.client.history) - before == cluster.size  # no message of its own
+    assert uid not in held()
+
+
 def test_a_run_is_one_message_per_engine_however_many_tasks(cluster):
     A = tg.TiledMatrix.random_spd(1024, 64, cluster=cluster)
     g = cholesky(A)
