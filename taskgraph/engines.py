@@ -313,9 +313,9 @@ def _forget(cluster_ref, uid: int) -> None:
     """A matrix was freed: its engines drop their tiles with the next run's message.
 
     Only a note here: this runs whenever the collector frees the matrix, in the middle
-    of any code, and a Ctrl-C that lands inside a finalizer is lost (a finalizer's
-    exceptions are only printed), so it must be over in a few bytecodes. Sending from
-    here lost the Ctrl-C of a ``wait()`` once in CI.
+    of any code (ipyparallel's own included), and a Ctrl-C that lands inside a finalizer
+    is lost (a finalizer's exceptions are only printed), so it must be over in a few
+    bytecodes.
     """
     cluster = cluster_ref()
     if cluster is not None:
