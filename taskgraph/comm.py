@@ -72,7 +72,8 @@ class Network:
     def recv_probed(self, handle, buf):
         raise RuntimeError("nothing to receive")
 
-    def test_some(self, handles: list) -> list[int]:
+    def test_some(self, handles: list, full: bool = True) -> list[int]:
+        """Indices of the completed handles (``full`` False: the first one only)."""
         return []
 
     def cancel(self, handles: list) -> None:
@@ -137,14 +138,14 @@ class MPINetwork(Network):
     def recv_probed(self, handle, buf):
         return handle.Irecv(buf)
 
-    def test_some(self, handles):
+    def test_some(self, handles, full=True):
         if not handles:
             return []
         # the oldest first, alone: messages mostly complete in the order they were
         # posted, and one Test costs a fraction of a Testsome over a list
         if handles[0].Test():
             return [0]
-        if len(handles) == 1:
+        if len(handles) == 1 or not full:
             return []
         done = self.MPI.Request.Testsome(handles)
         return list(done) if done else []

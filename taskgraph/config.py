@@ -8,10 +8,11 @@ TASKGRAPH_MPIEXEC              the ``mpiexec`` command to launch ranks with    [
 TASKGRAPH_WORKERS              worker threads per rank                         cores/ranks
 TASKGRAPH_BLAS_THREADS         BLAS threads per worker                         1
 TASKGRAPH_MAX_SENDS            sends in flight per rank                        64
-TASKGRAPH_RECV_BUDGET_MB       MiB of receives posted ahead per rank           2
+TASKGRAPH_RECV_BUDGET_MB       MiB of receives posted ahead per rank           1
 TASKGRAPH_MAX_RECVS            receives posted ahead per rank (more: probed)   16
 TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      250
 TASKGRAPH_SPIN_US              keep polling this long after the last message   300
+TASKGRAPH_SPIN_US_PER_MIB      ... and this much longer per MiB awaited        500
 TASKGRAPH_TRACE_DIR            where scripts' ``run.show()`` writes traces     .
 TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 =============================  ==============================================  =========
@@ -87,7 +88,7 @@ def max_sends() -> int:
 
 
 def recv_budget() -> int:
-    return max(1, _int("TASKGRAPH_RECV_BUDGET_MB", 2)) << 20
+    return max(1, _int("TASKGRAPH_RECV_BUDGET_MB", 1)) << 20
 
 
 def max_recvs() -> int:
@@ -100,6 +101,12 @@ def poll_max() -> float:
 
 def spin() -> float:
     return max(0, _int("TASKGRAPH_SPIN_US", 300)) * 1e-6
+
+
+def spin_per_byte() -> float:
+    """Seconds more to keep polling per byte of the receives posted: a large
+    message takes long to arrive, and a rank asleep when it comes delays it."""
+    return max(0, _int("TASKGRAPH_SPIN_US_PER_MIB", 500)) * 1e-6 / (1 << 20)
 
 
 def trace_dir() -> str:

@@ -21,6 +21,9 @@ hands work to another. While a worker polls, the progress thread sleeps (up to
 ``POLLED_SLEEP``): the worker wakes it when it starts a long task (``LONG_TASK``
 flops) or stops polling, so that transfers go on while every worker computes.
 Receives are posted ahead up to a byte budget small enough to stay in cache.
+With several workers and short tasks (under ``SHORT_TASK`` on average), one worker
+runs them and the others park (:meth:`Executor._park`): Python runs one thread at a
+time, so more workers on tiny tasks only pass the lock and the GIL around.
 
 Task states move WAITING -> READY -> RUNNING -> DONE (or FAILED), through
 :meth:`Executor._move` only. A task is READY when its counter reaches zero: one
@@ -28,9 +31,10 @@ count per local predecessor, per incoming message it reads, and per outgoing sen
 of the tile version it overwrites (a cross-rank write-after-read).
 
 A polling worker keeps polling (yielding the GIL) for ``spin`` seconds after the last
-message, then sleeps, doubling the sleep up to ``poll_max`` and, past it, up to 5 % of
-the time it has waited (:func:`~taskgraph.comm.next_sleep`); the progress thread
-backs off that way too and wakes at once when a worker hands it work: a rank that
+message (longer by ``spin_per_byte`` per byte of the receives it waits for), then
+sleeps, doubling the sleep up to ``poll_max`` and, past it, up to 5 % of the time it
+has waited (:func:`~taskgraph.comm.next_sleep`); the progress thread backs off that
+way too and wakes at once when a worker hands it work: a rank that
 waits for a message does not burn a core.
 
 A task that raises stops this rank's workers, sends an abort to every other rank,
@@ -62,6 +66,12 @@ from .trace import TASK_DONE, TASK_FAILED, Recorder
 
 POLLED_SLEEP = 4e-3  # the progress thread's longest sleep while a worker polls
 LONG_TASK = 4e6  # flops: a worker starting a longer task hands polling to that thread
+# tasks shorter than this (a running average) are run by one worker at a time: Python
+# runs one thread at a time, and two workers taking turns at tiny tasks spent their
+# time handing the lock and the GIL to each other (independent empty tasks: 11 us a
+# task on 2 workers against 5 on 1)
+SHORT_TASK = 50e-6
+PARK = 200e-6  # a parked worker looks again this often, and helps with a task this old
 
 
 class State(enum.IntEnum):
@@ -72,12 +82,10 @@ class State(enum.IntEnum):
     FAILED = 4
 
 
-_LEGAL = {
-    (State.WAITING, State.READY),
-    (State.READY, State.RUNNING),
-    (State.RUNNING, State.DONE),
-    (State.RUNNING, State.FAILED),
-}
+# the states as plain ints on the hot path: an enum member's lookup and hash cost
+# ~0.1 us each, and every task moves three times
+WAITING, READY, RUNNING, DONE, FAILED = (int(s) for s in State)
+_LEGAL = {(WAITING, READY), (READY, RUNNING), (RUNNING, DONE), (RUNNING, FAILED)}
 
 
 def _take(done: list[int], handles: list, entries: list) -> list:
@@ -185,6 +193,7 @@ class Executor:
         self.recv_budget = config.recv_budget()
         self.poll_max = config.poll_max()
         self.spin = config.spin()
+        self.spin_per_byte = config.spin_per_byte()
         self.max_recvs = config.max_recvs()
 
         self.lock = threading.Condition(threading.Lock())
@@ -196,9 +205,18 @@ class Executor:
         self.net_token = threading.Lock()
         self.pollers = 0  # idle workers polling the network (at most one)
         self.waiting = 0  # workers in lock.wait (a notify with none is skipped: it costs)
-        self.state = {t: State.WAITING for t in plan.tasks}
+        self.state = dict.fromkeys(plan.tasks, WAITING)
         self.waits = dict(plan.waits)
-        self.ready: list[tuple[float, int]] = []
+        # the ready queue is a heap of each task's place in priority order (highest
+        # first, ties by id): ints compare several times faster than the (-priority,
+        # id) tuples it held, and a pop was a quarter of an empty task's time
+        by_id = sorted(plan.tasks)
+        prio = plan.priority
+        self.in_order = sorted(by_id, key=prio.__getitem__, reverse=True)  # stable
+        self.place = {t: i for i, t in enumerate(self.in_order)}
+        self.ready: list[int] = []
+        self.ntasks = len(plan.tasks)
+        self._keeps_value: dict = {}  # task function -> whether its value is kept
         self.done = 0
         self.outbox: list[int] = []  # finished tasks whose sends are still to post
         self.failure: dict | None = None  # first local failure, or a remote abort
@@ -207,6 +225,8 @@ class Executor:
         self.received: dict[tuple[int, int], object] = {}  # (data, producer) -> buffer
         self.refs: dict[tuple[int, int], int] = {}  # readers left per received buffer
         self._running = 0
+        self.started = [0.0] * self.nworkers  # each worker's task start, 0.0: none
+        self.mean_task = 1.0  # seconds, a running average (no task seen yet: long)
         self.recvs_left = len(plan.recvs)
         self.pickled: dict[int, bytes] = {}
         self._pickle_here = {
@@ -214,21 +234,23 @@ class Executor:
         }
         self.exception: BaseException | None = None
         self.trace_parts: list | None = None
+        # tasks long enough that the progress thread should poll while they run
+        self._long = {t for t in plan.tasks if graph.tasks[t].cost >= LONG_TASK}
         for t in plan.tasks:
             if self.waits[t] == 0:
                 self._make_ready(t)
 
     # -- state -----------------------------------------------------------------------
 
-    def _move(self, t: int, new: State) -> None:
+    def _move(self, t: int, new: int) -> None:
         old = self.state[t]
         if (old, new) not in _LEGAL:
-            raise RuntimeError(f"illegal move of task {t}: {old.name} -> {new.name}")
+            raise RuntimeError(f"illegal move of task {t}: {State(old).name} -> {State(new).name}")
         self.state[t] = new
 
     def _make_ready(self, t: int) -> None:
-        self._move(t, State.READY)
-        heapq.heappush(self.ready, (-self.plan.priority[t], t))
+        self._move(t, READY)
+        heapq.heappush(self.ready, self.place[t])
 
     def _count_down(self, t: int) -> bool:
         """One event task t waited for happened; True if it became ready. Lock held."""
@@ -264,11 +286,14 @@ class Executor:
                     self.trace.waited(index, now() - t_idle, on_network)
                 if self.stopping:
                     return
-                _, t = heapq.heappop(self.ready)
-                self._move(t, State.RUNNING)
+                if self._running and self.mean_task < SHORT_TASK and self._park(index):
+                    continue  # another worker ran the tasks meanwhile: look again
+                t = self.in_order[heapq.heappop(self.ready)]
+                self._move(t, RUNNING)
                 self._running += 1
+                self.started[index] = now()
                 lock.release()
-                if self.graph.tasks[t].cost >= LONG_TASK and self.net.size > 1:
+                if t in self._long and self.net.size > 1:
                     self.wake.set()  # the progress thread polls while this task runs
                 start = now()
                 try:
@@ -295,11 +320,15 @@ class Executor:
                         return
                 lock.acquire()
                 self._running -= 1
+                self.started[index] = 0.0
+                # capped: a tiny task that waited for the GIL mid-way must not count as
+                # long (two workers taking turns then kept each other from parking)
+                self.mean_task += 0.1 * (min(end - start, 2 * SHORT_TASK) - self.mean_task)
                 self.trace.task(t, index, start, end, TASK_DONE)
                 try:
                     self._finish(t, value, sent)
                 except BaseException as exc:  # noqa: BLE001 - a runtime bug: fail loudly
-                    self._fail(t, exc, state=State.DONE)
+                    self._fail(t, exc, state=DONE)
                     return
                 if self.outbox and self.net.size > 1:  # post this task's sends now
                     lock.release()
@@ -314,11 +343,32 @@ class Executor:
         finally:
             lock.release()
 
+    def _park(self, index: int) -> bool:
+        """Leave the ready tasks to the worker running short ones, until one of its
+        tasks runs longer than ``PARK``. Lock held; True if this worker waited."""
+        now = self.trace.now
+        t0 = now()
+        parked = False
+        while self.ready and not self.stopping and self.mean_task < SHORT_TASK:
+            busy = [s for s in self.started if s]
+            # (its age counted from when this worker began to wait: before, this
+            # worker held the GIL, and the other's task may only have waited for it)
+            if not busy or now() - max(min(busy), t0) > PARK:
+                break  # no worker runs a task, or one runs long: take a task
+            parked = True
+            self.waiting += 1
+            self.lock.wait(PARK)
+            self.waiting -= 1
+        if parked:
+            self.trace.waited(index, now() - t0, False)
+        return parked
+
     def _idle_poll(self) -> bool:
         """An idle worker polls for the message it waits for. Lock held on entry and
         exit; False if the network failed (the run is then failing).
 
-        Polls back to back for ``spin`` seconds after the last message, then backs off
+        Polls back to back for ``spin`` seconds after the last message (plus
+        ``spin_per_byte`` per byte of the receives posted), then backs off
         (:func:`~taskgraph.comm.next_sleep`), as the progress thread does; stops as
         soon as a task is ready, and hands polling back to the progress thread.
         """
@@ -330,7 +380,7 @@ class Executor:
             while not self.ready and not self.stopping and self.recvs_left > 0:
                 lock.release()
                 try:
-                    got = self._try_poll()
+                    got = self._try_poll(True)
                 except BaseException as exc:  # noqa: BLE001 - reported to every rank
                     lock.acquire()
                     self._fail(None, exc)
@@ -338,9 +388,11 @@ class Executor:
                 if got:
                     sleep, last = 0.0, clock()
                     lock.acquire()
-                elif clock() - last < self.spin:
+                elif clock() - last < self.spin + self.posted_bytes * self.spin_per_byte:
                     # a message came moments ago (or the progress thread holds the token
-                    # for a moment): the next is likely close
+                    # for a moment): the next is likely close. Longer for large messages:
+                    # a rank asleep when one comes stalls its transfer (a 4 MiB
+                    # ping-pong hop took 1.4x raw mpi4py's time with a flat 300 us)
                     os.sched_yield()
                     self.stats.spins += 1
                     lock.acquire()
@@ -364,7 +416,9 @@ class Executor:
     def _call(self, t: int):
         task = self.graph.tasks[t]
         reads, fetch = task.reads, self._fetch
-        args = [fetch(a.data, reads) if a.__class__ is Ref else a for a in task.args]
+        args = []  # a loop, not a comprehension: that is a function call of its own
+        for a in task.args:
+            args.append(fetch(a.data, reads) if a.__class__ is Ref else a)
         if task.kwargs:
             kwargs = {
                 k: fetch(v.data, reads) if v.__class__ is Ref else v for k, v in task.kwargs.items()
@@ -403,38 +457,48 @@ class Executor:
     def _finish(self, t: int, value, sent: bool = False) -> None:
         """Task t ended well: count down what waited for it (``sent``: its sends are
         taken already). Lock held."""
-        self._move(t, State.DONE)
+        self._move(t, DONE)
         self.done += 1
         task = self.graph.tasks[t]
-        if not hasattr(task.fn, "modes"):
+        fn = task.fn
+        keep = self._keeps_value.get(fn)
+        if keep is None:  # a kernel writes its tiles; a plain function returns a value
+            keep = self._keeps_value[fn] = not hasattr(fn, "modes")
+        if keep:
             self.values[t] = value
         woken = 0
-        for s in self.plan.successors[t]:
-            woken += self._count_down(s)
-        for d, prod in task.reads:
-            key = (d, prod)
-            left = self.refs.get(key)
-            if left is not None:
-                if left == 1:
-                    del self.refs[key]
-                    buf = self.received.pop(key)
-                    if isinstance(buf, np.ndarray):
-                        self.pool.put(buf)
-                else:
-                    self.refs[key] = left - 1
+        waits = self.waits
+        for s in self.plan.successors[t]:  # (_count_down, inline: once per edge)
+            left = waits[s] - 1
+            waits[s] = left
+            if not left:
+                self._make_ready(s)
+                woken += 1
+        if self.refs:  # received data this task was among the last to read
+            for d, prod in task.reads:
+                key = (d, prod)
+                readers = self.refs.get(key)
+                if readers is not None:
+                    if readers == 1:
+                        del self.refs[key]
+                        buf = self.received.pop(key)
+                        if isinstance(buf, np.ndarray):
+                            self.pool.put(buf)
+                    else:
+                        self.refs[key] = readers - 1
         if woken > 1 and self.waiting:
             self.lock.notify(woken - 1)  # this worker takes one itself
         if t in self.plan.sends and not sent:
             self.outbox.append(t)  # the worker posts them itself if it can (see _worker)
             if self.net.size == 1:
                 self.wake.set()
-        if self.done == len(self.plan.tasks):
+        if self.done == self.ntasks:
             self.wake.set()
 
-    def _fail(self, t: int | None, exc: BaseException, state: State = State.RUNNING) -> None:
+    def _fail(self, t: int | None, exc: BaseException, state: int = RUNNING) -> None:
         """Task t raised (or the runtime did, t None): stop this rank. Lock held."""
-        if t is not None and state == State.RUNNING:
-            self._move(t, State.FAILED)
+        if t is not None and state == RUNNING:
+            self._move(t, FAILED)
         if self.failure is None:
             self.failure = {
                 "task": self.graph.label(t) if t is not None else None,
@@ -502,8 +566,13 @@ class Executor:
         self.recvs_active_msgs: list[tuple[Message, np.ndarray | bytearray, float]] = []
         self.posted_bytes = 0
 
-    def _poll(self) -> bool:
-        """One pass over the network; True if anything happened. Token held."""
+    def _poll(self, quick: bool = False) -> bool:
+        """One pass over the network; True if anything happened. Token held.
+
+        ``quick`` (an idle worker spinning): of the receives posted, test the oldest
+        only, and all of them every 4th poll. Messages mostly arrive in the order they
+        were posted, and a Testsome over 16 receives was 2 of an idle poll's 5.4 us.
+        """
         busy = False
         if self.outbox:  # appended under the lock; a late one is taken next poll
             with self.lock:
@@ -521,21 +590,23 @@ class Executor:
         # starts without the sends' bookkeeping in between
         if self.sends_active and self._test_sends():
             busy = True
-        if self.recvs_active and self._test_recvs():
+        if self.recvs_active and self._test_recvs(not quick or not self.stats.polls & 3):
             busy = True
         self.stats.polls += 1
         # unexpected messages (values, signals, aborts, tiles beyond the posted
-        # window) when nothing else happened, and at least every 8th poll
+        # window) when nothing else happened, and at least every 8th poll. Probing only
+        # every 4th idle poll made the 8 B hop slower, not faster (18 -> 19-26 us over
+        # three alternations), though each poll was shorter
         if (not busy or not self.stats.polls & 7) and self._probe():
             busy = True
         return busy
 
-    def _try_poll(self) -> bool | None:
+    def _try_poll(self, quick: bool = False) -> bool | None:
         """Poll unless another thread is polling (then None). Lock not held."""
         if not self.net_token.acquire(blocking=False):
             return None
         try:
-            return self._poll()
+            return self._poll(quick)
         finally:
             self.net_token.release()
 
@@ -616,7 +687,8 @@ class Executor:
         posted = False
         # ahead of need, but only as many bytes as stay in cache (and always one): a
         # receive lands in a pooled buffer, and a window of 16 buffers of 1 MiB made a
-        # 1 MiB ping-pong 1.6x slower than one or two
+        # 1 MiB ping-pong 1.6x slower than one or two (in one job, 12 alternations of
+        # 400 hops: a budget of 1 MiB 175 us a hop, 2 MiB 179, 4 MiB 206)
         while self.recvs_todo and (
             not self.recvs_active
             or (
@@ -665,40 +737,49 @@ class Executor:
             buf = self._tile_buffer(msg) if msg.kind == "tile" else bytearray(nbytes)
             self._start_recv(msg, self.net.recv_probed(handle, buf), buf)
 
-    def _test_recvs(self) -> bool:
-        done = self.net.test_some(self.recvs_active)
+    def _test_recvs(self, full: bool = True) -> bool:
+        done = self.net.test_some(self.recvs_active, full)
         if not done:
             return False
         finished = _take(done, self.recvs_active, self.recvs_active_msgs)
-        with self.lock:
+        values = {}  # unpickled before the lock is taken
+        for msg, buf, _ in finished:
+            if msg.kind == "value":
+                values[msg.tag, msg.src] = commlib.loads(buf)
+        stats, trace = self.stats, self.trace
+        self.lock.acquire()  # (not `with`: Condition.__enter__ is a Python call)
+        try:
             woken = 0
             for msg, buf, posted in finished:
-                self.trace.message(msg.src, msg.nbytes, msg.tag, posted, -1)
+                trace.message(msg.src, msg.nbytes, msg.tag, posted, -1)
                 self.recvs_left -= 1
                 self.posted_bytes -= msg.nbytes
-                self.stats.received += 1
-                self.stats.bytes_received += msg.nbytes
+                stats.received += 1
+                stats.bytes_received += msg.nbytes
                 if msg.kind == "tile":
                     self._deliver(msg, buf)
                 elif msg.kind == "value":
-                    self._deliver(msg, commlib.loads(buf))
-                for t in set(msg.consumers):
+                    self._deliver(msg, values[msg.tag, msg.src])
+                for t in msg.consumers:
                     woken += self._count_down(t)
             if woken and self.waiting:
                 self.lock.notify(woken)
+        finally:
+            self.lock.release()
         return True
 
     def _deliver(self, msg: Message, obj) -> None:
         key = (msg.data, msg.producer)
         self.received[key] = obj
-        self.refs[key] = len(set(msg.consumers))
+        self.refs[key] = len(msg.consumers)
 
     def _test_sends(self) -> bool:
         done = self.net.test_some(self.sends_active)
         if not done:
             return False
         finished = _take(done, self.sends_active, self.sends_active_msgs)
-        with self.lock:
+        self.lock.acquire()
+        try:
             woken = 0
             for msg, posted in finished:
                 self.trace.message(msg.dst, msg.nbytes, msg.tag, posted, +1)
@@ -706,6 +787,8 @@ class Executor:
                     woken += self._count_down(t)
             if woken and self.waiting:
                 self.lock.notify(woken)
+        finally:
+            self.lock.release()
         return True
 
     def _remote_abort(self, info: dict) -> None:

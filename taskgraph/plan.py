@@ -51,7 +51,7 @@ class Message:
     shape: tuple | None = None
     dtype: str | None = None
     tag: int = 0
-    consumers: list[int] = field(default_factory=list)  # tasks on dst waiting for it
+    consumers: list[int] = field(default_factory=list)  # tasks on dst waiting for it, once each
     release: list[int] = field(default_factory=list)  # tasks on src waiting for the send
 
 
@@ -203,7 +203,8 @@ def plan_messages(
                 by_version.setdefault((d, prod), []).append(msg)
                 sent.add(d)
                 messages.append(msg)
-            msg.consumers.append(tid)
+            if not msg.consumers or msg.consumers[-1] != tid:  # once per task
+                msg.consumers.append(tid)
         released = no_release  # tasks t waits for through the sends it releases
         for d, prev in t.writes:
             if d not in sent:
@@ -274,7 +275,7 @@ def _rank_plan(plan: Plan, rank: int) -> RankPlan:
                 waits[t] += 1
         if msg.dst == rank:
             recvs.append(msg)
-            for t in set(msg.consumers):
+            for t in msg.consumers:
                 waits[t] += 1
     results: list[int] = []
     if graph.has_values:  # values of @tg.task calls that no other task uses

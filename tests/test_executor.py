@@ -98,3 +98,55 @@ def test_completed_requests_leave_both_lists_in_step(done):
     left = [i for i in range(4) if i not in done]
     assert handles == [f"h{i}" for i in left] and entries == [f"e{i}" for i in left]
     assert (handles, entries) == same and handles is same[0]  # in place: others hold them
+
+
+def worker_shares(run) -> list[float]:
+    rec = run.executor.trace
+    workers = rec.task_worker[: rec.ntasks].tolist()
+    return [workers.count(w) / len(workers) for w in range(run.executor.nworkers)]
+
+
+def test_two_workers_leave_tiny_tasks_to_one_of_them():
+    """Python runs one thread at a time: two workers taking turns at tasks of a few
+    microseconds only hand the lock and the GIL to each other. With short tasks, one
+    worker runs (nearly) all of them while the other waits, looking again every
+    ``PARK`` in case a task runs long."""
+    import taskgraph as tg
+
+    @tg.task
+    def nop(i):
+        return i
+
+    with tg.Graph("tiny") as g:
+        for i in range(20_000):
+            nop(i)
+    run = tg.current_cluster().run(g, workers=2).wait()
+    assert run.executor.nworkers == 2
+    assert max(worker_shares(run)) > 0.7, worker_shares(run)  # without parking: ~0.5
+
+
+def test_two_workers_share_tasks_that_run_long():
+    """Tasks that release the GIL for milliseconds run on both workers at once."""
+    import time
+
+    import taskgraph as tg
+
+    @tg.task
+    def nap(i):
+        time.sleep(0.005)  # releases the GIL, as a numba kernel or BLAS call does
+        return i
+
+    with tg.Graph("long") as g:
+        for i in range(40):
+            nap(i)
+    run = tg.current_cluster().run(g, workers=2).wait()
+    assert min(worker_shares(run)) > 0.3, worker_shares(run)
+    # and at the same time: the time both workers ran a task at once, from the trace
+    # (parked for good, the second worker would run none; taking turns, none at once)
+    rec = run.executor.trace
+    n = rec.ntasks
+    spans = {w: [] for w in range(2)}
+    for w, a, b in zip(rec.task_worker[:n], rec.task_start[:n], rec.task_end[:n]):
+        spans[int(w)].append((a, b))
+    both = sum(max(0.0, min(b0, b1) - max(a0, a1)) for a0, b0 in spans[0] for a1, b1 in spans[1])
+    assert both > 0.5 * 20 * 0.005, both  # ideal: 40 naps of 5 ms in pairs, 0.1 s

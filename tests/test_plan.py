@@ -79,6 +79,7 @@ def check_plan(plan: Plan) -> None:
                 assert m.src == src and t.id in m.consumers
     for m in data_msgs:
         assert m.src != m.dst and m.consumers
+        assert len(set(m.consumers)) == len(m.consumers)  # the executor counts them
         assert all((m.data, m.producer) in g.tasks[c].reads for c in m.consumers)
         assert all(where[c] == m.dst for c in m.consumers)
         assert all(where[r] == m.src for r in m.release)
