@@ -13,6 +13,8 @@ TASKGRAPH_MAX_RECVS            receives posted ahead per rank (more: probed)   1
 TASKGRAPH_POLL_MAX_US          longest sleep between polls of the network      250
 TASKGRAPH_SPIN_US              keep polling this long after the last message   300
 TASKGRAPH_SPIN_US_PER_MIB      ... and this much longer per MiB awaited        500
+TASKGRAPH_CMA                  ``0``: MPICH copies large messages through      auto [3]_
+                               shared memory; ``1``: one copy (CMA) always
 TASKGRAPH_TRACE_DIR            where scripts' ``run.show()`` writes traces     .
 TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 =============================  ==============================================  =========
@@ -20,6 +22,9 @@ TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 .. [1] MPI is used when the process was started by an MPI launcher (mpiexec, srun).
 .. [2] the ``mpiexec`` beside the running Python (the ``mpich`` wheel puts it there),
        else the first on ``PATH``.
+.. [3] one copy when this process may read another's memory (see
+       :func:`taskgraph.comm.wants_single_copy`), unless the MPI settings say
+       otherwise (``MPIR_CVAR_CH4_CMA_ENABLE``).
 """
 
 from __future__ import annotations
@@ -107,6 +112,18 @@ def spin_per_byte() -> float:
     """Seconds more to keep polling per byte of the receives posted: a large
     message takes long to arrive, and a rank asleep when it comes delays it."""
     return max(0, _int("TASKGRAPH_SPIN_US_PER_MIB", 500)) * 1e-6 / (1 << 20)
+
+
+def cma() -> bool | None:
+    """True or False when ``TASKGRAPH_CMA`` says so, None for auto."""
+    raw = os.environ.get("TASKGRAPH_CMA", "").strip().lower()
+    if raw in ("0", "no", "false", "off"):
+        return False
+    if raw in ("1", "yes", "true", "on"):
+        return True
+    if raw in ("", "auto"):
+        return None
+    raise ValueError(f"TASKGRAPH_CMA={raw!r}: use 0, 1 or auto")
 
 
 def trace_dir() -> str:

@@ -1,10 +1,21 @@
-"""The pure parts of ``taskgraph.comm``: how a poller backs off."""
+"""``taskgraph.comm``: how a poller backs off, and when large messages move in one copy."""
 
 from __future__ import annotations
 
+import sys
+import textwrap
+
 import pytest
 
-from taskgraph.comm import FIRST_SLEEP, LONG_SLEEP, next_sleep
+from taskgraph.comm import (
+    CMA_VARS,
+    FIRST_SLEEP,
+    LONG_SLEEP,
+    can_read_memory,
+    next_sleep,
+    wants_single_copy,
+    yama_scope,
+)
 
 CAP = 250e-6
 
@@ -46,3 +57,89 @@ def test_a_long_wait_sleeps_longer_but_never_more_than_a_twentieth_of_it():
 def test_the_cap_holds_while_the_wait_is_short(cap):
     assert next_sleep(1.0, 0.0, cap) == cap
     assert next_sleep(0.0, 0.0, cap) == min(cap, FIRST_SLEEP)
+
+
+# -- single-copy transfers (CMA) -----------------------------------------------------
+
+
+def never_called():
+    raise AssertionError("the probe ran where the decision was already made")
+
+
+@pytest.mark.parametrize(
+    "setting, user_set, scope, probe, expected",
+    [
+        (None, False, None, lambda: True, True),  # no Yama, the syscall works
+        (None, False, "0", lambda: True, True),  # Yama allows same-user processes
+        (None, False, "1", never_called, False),  # descendants only: ranks are siblings
+        (None, False, "2", never_called, False),
+        (None, False, None, lambda: False, False),  # a seccomp filter forbids the call
+        (None, True, None, never_called, False),  # the user's MPI setting stands
+        (True, True, "1", never_called, False),  # ... even over TASKGRAPH_CMA=1
+        (False, False, None, never_called, False),  # TASKGRAPH_CMA=0
+        (True, False, "3", never_called, True),  # TASKGRAPH_CMA=1: the user knows
+    ],
+)
+def test_when_large_messages_move_in_one_copy(setting, user_set, scope, probe, expected):
+    assert wants_single_copy(setting, user_set, scope, probe) is expected
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CMA is Linux's")
+def test_the_memory_probe_reads_this_process():
+    assert can_read_memory() is True  # no seccomp filter on these machines
+
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import numpy as np
+    import taskgraph as tg
+
+    cluster = tg.current_cluster()
+    setting = os.environ.get("MPIR_CVAR_CH4_CMA_ENABLE")
+    os.write(1, f"CMA {cluster.rank} {setting}\\n".encode())  # one write: ranks share a pipe
+    n = 1 << 18  # 2 MiB tiles, well above MPICH's single-copy threshold (8 KiB)
+    X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: i + 1.0, grid=(2, 1))
+
+    @tg.kernel(modes="r,rw", dims="mn,mn")
+    def add(src, dst):
+        dst += src
+
+    with tg.Graph("swap") as g:
+        for k in range(6):
+            add(X[k % 2, 0].r, X[1 - k % 2, 0].rw)
+    cluster.run(g).wait()
+    full = X.gather()
+    if cluster.rank == 0:
+        top, bottom = full[:n, 0], full[n:, 0]
+        # 1, 2 -> (1, 3) -> (4, 3) -> (4, 7) -> (11, 7) -> (11, 18) -> (29, 18)
+        assert (top == 29).all() and (bottom == 18).all(), (top[:3], bottom[:3])
+        print("OK", flush=True)
+    """
+)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, "1"),  # auto, on this machine: allowed
+        ({"TASKGRAPH_CMA": "0"}, "None"),
+        ({"MPIR_CVAR_CH4_CMA_ENABLE": "0"}, "0"),  # the user's own setting stands
+    ],
+)
+def test_ranks_start_mpi_with_single_copy_where_allowed(
+    mpirun, tmp_path, monkeypatch, env, expected
+):
+    if yama_scope() not in (None, "0") or not can_read_memory():
+        pytest.skip("this machine forbids reading another process's memory")
+    script = tmp_path / "cma.py"
+    script.write_text(RANK_SCRIPT)
+    for name in CMA_VARS:  # none from the test's own environment
+        monkeypatch.delenv(name, raising=False)
+    proc = mpirun(2, [str(script)], timeout=90, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("CMA"))
+    assert lines == [f"CMA 0 {expected}", f"CMA 1 {expected}"], proc.stdout
+    assert "OK" in proc.stdout
