@@ -257,6 +257,24 @@ def comm_section(rows: list[Row]) -> str:
             ("polls/hop", "polls_per_hop"),
         ],
     )
+    if of(rows, "cma"):
+        s += (
+            "\nWhy large messages move in one copy (`python -m benchmarks cma`, raw mpi4py): "
+            "one-way µs of a ping-pong, blocking and polled with Python work between "
+            "tests, with MPICH's cross-memory attach off and on:\n\n"
+        )
+        s += table(
+            of(rows, "cma"),
+            [
+                ("bytes", "bytes"),
+                ("single copy", "single_copy"),
+                ("blocking µs", "blocking_us"),
+                ("polled, 0 µs between tests", "polled_0us_us"),
+                ("5 µs", "polled_5us_us"),
+                ("20 µs", "polled_20us_us"),
+                ("5 µs / blocking", "polled_5us_vs_blocking"),
+            ],
+        )
     return s
 
 
