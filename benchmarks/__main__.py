@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-SUITES = ["cholesky", "overhead", "micro", "comm", "hops", "cma", "graphsize", "tracing"]
+SUITES = ["cholesky", "tiles", "overhead", "micro", "comm", "hops", "cma", "graphsize", "tracing"]
 RESULTS = Path(__file__).parent / "results"
 
 

@@ -195,6 +195,17 @@ def cholesky_section(rows: list[Row]) -> str:
     return s
 
 
+def tiles_section(rows: list[Row]) -> str:
+    if not of(rows, "tiles"):
+        return ""
+    s = "### Tile kernels alone, 1 thread, against the 1-thread GEMM peak\n\n"
+    columns: list[tuple[str, str | Callable[[Row], object]]] = [("tile", "tile")]
+    columns.append(("GEMM peak GFLOP/s", "gemm_peak_gflops"))
+    for name in ("gemm", "syrk", "trsm", "potrf"):
+        columns.append((f"{name} (fraction)", f"{name}_fraction_of_peak"))
+    return s + table(of(rows, "tiles"), columns)
+
+
 def overhead_section(rows: list[Row]) -> str:
     s = "### Scheduler overhead (empty tasks)\n\n"
     s += table(
@@ -479,6 +490,7 @@ def write_report(out: Path) -> str:
         targets_section(rows),
         "## Tables\n",
         cholesky_section(rows),
+        tiles_section(rows),
         overhead_section(rows),
         comm_section(rows),
         graphsize_section(rows),
