@@ -83,10 +83,14 @@ class Run:
         self._thread.start()
 
     def _main(self) -> None:
+        import scipy.linalg  # noqa: F401 - see below
         from threadpoolctl import threadpool_limits
 
         try:
             self.compile_seconds = compile_kernels(self.graph)
+            # the limit covers only the BLAS libraries loaded when it is set: scipy's
+            # own (not numpy's) is loaded by its first import, which may otherwise come
+            # from inside a task, and then ran on every core in every worker
             with threadpool_limits(limits=self.blas_threads, user_api="blas"), gc_frozen():
                 ex = Executor(
                     self.graph,

@@ -150,3 +150,42 @@ def test_two_workers_share_tasks_that_run_long():
         spans[int(w)].append((a, b))
     both = sum(max(0.0, min(b0, b1) - max(a0, a1)) for a0, b0 in spans[0] for a1, b1 in spans[1])
     assert both > 0.5 * 20 * 0.005, both  # ideal: 40 naps of 5 ms in pairs, 0.1 s
+
+
+BLAS_LOADED_IN_A_TASK = """
+import sys
+import taskgraph as tg
+from threadpoolctl import threadpool_info
+
+assert "scipy.linalg" not in sys.modules  # (else this script tests nothing)
+
+@tg.task
+def blas_threads_in_a_task():
+    import scipy.linalg  # loads scipy's own BLAS, in the run, for the first time
+    return {i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+with tg.Graph("lazy") as g:
+    seen = blas_threads_in_a_task()
+tg.JobCluster(workers=2).run(g).wait()
+print(sorted(seen.result().values()))
+"""
+
+
+def test_a_blas_first_loaded_inside_a_task_is_held_to_one_thread_too():
+    """threadpoolctl limits only the libraries loaded when the limit is set: scipy's
+    BLAS, first imported by a task, ran on every core in each of the workers."""
+    import subprocess
+    import sys
+
+    from conftest import _clean_env
+
+    env = _clean_env(TASKGRAPH_MPI="0", OPENBLAS_NUM_THREADS="", OMP_NUM_THREADS="")
+    proc = subprocess.run(
+        [sys.executable, "-c", BLAS_LOADED_IN_A_TASK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[1, 1]", proc.stdout
