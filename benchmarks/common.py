@@ -9,9 +9,11 @@ with :func:`emit` as it goes. ``python -m benchmarks <name> [--quick]`` runs one
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 from taskgraph import config
 from taskgraph.machine import describe
@@ -49,3 +51,10 @@ def last_json(cmd: list[str], timeout: float = 1800, env: dict | None = None) ->
 
 def python(*args: str) -> list[str]:
     return [sys.executable, *args]
+
+
+def quick_main(run: Callable[..., list[dict]], doc: str, argv=None, help: str | None = None):
+    """``python -m benchmarks.<suite> [--quick]``, for a suite with no other options."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=help)
+    run(quick=p.parse_args(argv).quick)

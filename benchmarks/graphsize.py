@@ -14,7 +14,6 @@ The baseline is a plain Python call per task, measured in the same run. Targets:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import time
@@ -26,7 +25,7 @@ import taskgraph.kernels  # imported before timing: numba's import is not graph 
 import taskgraph as tg
 from taskgraph.linalg import cholesky
 
-from .common import emit
+from .common import emit, quick_main
 
 KIB = 1024
 
@@ -111,9 +110,7 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    run(p.parse_args(argv).quick)
+    quick_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ the kernel releases the GIL), and ``vs_threads`` = that ÷ measured.
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 
@@ -30,7 +29,7 @@ from taskgraph.kernels import gemm
 from threadpoolctl import threadpool_limits
 
 import taskgraph as tg
-from benchmarks.common import emit, oversubscribed
+from benchmarks.common import emit, oversubscribed, quick_main
 
 FULL, QUICK = (16, 32, 64, 128, 256), (16, 64, 256)
 WORKERS = 2
@@ -148,9 +147,7 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="N = 16, 64, 256 and ~0.2 s each")
-    run(quick=p.parse_args(argv).quick)
+    quick_main(run, __doc__, argv, help="N = 16, 64, 256 and ~0.2 s each")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ when its flops are mostly ``gemm`` and its critical path is ``potrf`` -> ``trsm`
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from benchmarks.common import emit
+from benchmarks.common import emit, quick_main
 from taskgraph.machine import gemm_peak
 
 
@@ -65,9 +64,7 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    run(p.parse_args(argv).quick)
+    quick_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":
