@@ -7,6 +7,7 @@ taskgraph sbatch notebook.ipynb|script.py --nodes 2 --ntasks-per-node 4
                  --cpus-per-task 8 --time 1:00:00 [--partition P] [--account A]
                  [--module M ...] [-o job.sh]
 taskgraph sbatch --engines --nodes 2 ... [-o engines.sh]   (engines for a notebook)
+taskgraph mpi-env       (shell exports for ranks that start MPI before taskgraph does)
 """
 
 from __future__ import annotations
@@ -119,7 +120,24 @@ def _launch(ranks: int, argv: list[str], timeout: float | None) -> int:
         return 127
 
 
-COMMANDS = {"demo": _demo, "run": _run, "convert": _convert, "sbatch": _sbatch}
+def _mpi_env(argv: list[str]) -> int:
+    """Print the MPI settings that ranks started from this node should get, as shell
+    exports: single-copy transfers where allowed (see :mod:`taskgraph.comm`)."""
+    argparse.ArgumentParser(prog="taskgraph mpi-env", description=_mpi_env.__doc__).parse_args(argv)
+    from .comm import single_copy_env
+
+    for name, value in single_copy_env().items():
+        print(f"export {name}={value}")
+    return 0
+
+
+COMMANDS = {
+    "demo": _demo,
+    "run": _run,
+    "convert": _convert,
+    "sbatch": _sbatch,
+    "mpi-env": _mpi_env,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,9 @@ Python between two tests stalls the transfer (a 1 MiB message took 5-10x longer 
 receiver read the sender's buffer in one copy, whatever the sender is doing;
 :func:`enable_single_copy` turns it on before MPI starts, where this process may read
 another's memory (:func:`wants_single_copy`) and the user's settings do not say
-otherwise.
+otherwise; launchers of processes that start MPI before taskgraph does (ipyparallel
+engines) pass :func:`single_copy_env` to them, and job scripts take it from
+``taskgraph mpi-env``.
 
 One thread at a time calls into a Network (the executor's network token: its
 progress thread, or an idle worker polling), so MPI must provide at least
@@ -253,14 +255,21 @@ def yama_scope() -> str | None:
         return None
 
 
-def enable_single_copy() -> bool:
-    """Before MPI starts: let MPICH move large messages in one copy where allowed
-    (other MPI libraries ignore the variable). True if this call turned it on."""
+def single_copy_env() -> dict[str, str]:
+    """The environment that gives ranks started from here single-copy transfers:
+    empty where this node forbids them or the user's settings decide."""
     user_set = any(v in os.environ for v in CMA_VARS)
-    if not wants_single_copy(config.cma(), user_set, yama_scope(), can_read_memory):
-        return False
-    os.environ[CMA_VARS[0]] = "1"
-    return True
+    if wants_single_copy(config.cma(), user_set, yama_scope(), can_read_memory):
+        return {CMA_VARS[0]: "1"}
+    return {}
+
+
+def enable_single_copy() -> bool:
+    """Before MPI starts in this process: let MPICH move large messages in one copy
+    where allowed (other MPI libraries ignore the variable). True if it did."""
+    env = single_copy_env()
+    os.environ.update(env)
+    return bool(env)
 
 
 class World:
@@ -271,6 +280,7 @@ class World:
         self.host = socket.gethostname()
         self.comm = None
         self.rank, self.size, self.local_size = 0, 1, 1
+        self.single_copy = False
         if use_mpi:
             if "mpi4py.MPI" not in sys.modules:  # (MPI reads its settings when it starts)
                 enable_single_copy()
@@ -283,6 +293,12 @@ class World:
                     f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level"
                 )
             self.comm = MPI.COMM_WORLD
+            # large messages between ranks on one node in one copy (an MPICH setting;
+            # Open MPI's shared-memory transport does that by itself where it can)
+            self.single_copy = (
+                os.environ.get(CMA_VARS[0], "").strip() == "1"
+                and "MPICH" in MPI.Get_library_version()
+            )
             self.rank = self.comm.Get_rank()
             self.size = self.comm.Get_size()
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)

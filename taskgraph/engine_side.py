@@ -42,6 +42,7 @@ def whoami(token: str | None = None) -> dict:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "workers": c.workers,
+        "single_copy": c.world.single_copy,
         "token": seen,
     }
 

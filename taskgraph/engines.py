@@ -34,6 +34,7 @@ import numpy as np
 
 from . import config, engine_side
 from .cluster import Cluster
+from .comm import single_copy_env
 from .errors import RemoteTraceback, RunError, TaskError
 from .graph import Graph
 from .launch import launcher_flavour
@@ -83,6 +84,8 @@ class EngineCluster(Cluster):
         exe = config.mpiexec()
         cfg = Config()
         cfg.MPILauncher.mpi_cmd = [exe]
+        # engines start MPI before taskgraph is imported: single copy comes from here
+        cfg.MPIEngineSetLauncher.environment = single_copy_env()
         if launcher_flavour(exe) == "openmpi":
             cfg.MPILauncher.mpi_args = ["--oversubscribe", "--allow-run-as-root"]
         t0 = time.perf_counter()

@@ -79,6 +79,15 @@ def test_engines_are_the_ranks_of_one_mpi_world(cluster):
     assert "2 engines" in repr(cluster)
 
 
+def test_engines_move_large_messages_in_one_copy_where_allowed(cluster):
+    """Engines start MPI themselves (under ipyparallel's mpiexec launcher): each turns on
+    MPICH's single-copy transfers before it does, as a batch rank does."""
+    from taskgraph.comm import can_read_memory, yama_scope
+
+    allowed = yama_scope() in (None, "0") and can_read_memory()
+    assert [info["single_copy"] for info in cluster.infos] == [allowed, allowed]
+
+
 def test_the_controller_listens_on_loopback_only(cluster, marker):
     """ipyparallel's controller (and its engines' nannies) bind 127.0.0.1 only. MPI's
     own launcher and transport sockets are MPI's business, not checked here."""

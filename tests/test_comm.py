@@ -143,3 +143,16 @@ def test_ranks_start_mpi_with_single_copy_where_allowed(
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("CMA"))
     assert lines == [f"CMA 0 {expected}", f"CMA 1 {expected}"], proc.stdout
     assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("env, expected", [({}, True), ({"TASKGRAPH_CMA": "0"}, False)])
+def test_job_scripts_get_the_setting_as_shell_exports(run_cli, monkeypatch, env, expected):
+    """``taskgraph mpi-env`` (what the engines job script evals before its engines start
+    MPI) prints the export where single copy is allowed, and nothing where it is not."""
+    if yama_scope() not in (None, "0") or not can_read_memory():
+        pytest.skip("this machine forbids reading another process's memory")
+    for name in CMA_VARS:
+        monkeypatch.delenv(name, raising=False)
+    proc = run_cli("mpi-env", timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ("export MPIR_CVAR_CH4_CMA_ENABLE=1\n" if expected else "")

@@ -352,6 +352,7 @@ def test_a_notebook_attaches_to_the_engines_job(tmp_path, run_cli):
     import time
 
     import taskgraph as tg
+    from taskgraph.comm import can_read_memory, yama_scope
     from taskgraph.linalg import cholesky, cholesky_residual
     from taskgraph.tiled import spd_dense
 
@@ -382,6 +383,8 @@ def test_a_notebook_attaches_to_the_engines_job(tmp_path, run_cli):
         assert connection.startswith(str(tmp_path / ".ipython" / "profile_taskgraph"))
         cluster = tg.Cluster.attach(connection_file=connection, n=2, timeout=60)
         assert cluster.size == 2
+        allowed = yama_scope() in (None, "0") and can_read_memory()
+        assert [info["single_copy"] for info in cluster.infos] == [allowed, allowed]
         A = tg.TiledMatrix.random_spd(256, 64, cluster=cluster)
         cluster.run(cholesky(A)).wait(timeout=120)
         assert cholesky_residual(spd_dense(256, 64), A.gather()) < 1e-14
