@@ -84,9 +84,38 @@ def test_when_large_messages_move_in_one_copy(setting, user_set, scope, probe, e
     assert wants_single_copy(setting, user_set, scope, probe) is expected
 
 
+READ_PARENT = """
+import ctypes, os, sys
+class IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+readv = ctypes.CDLL(None, use_errno=True).process_vm_readv
+readv.restype = ctypes.c_ssize_t
+dst = ctypes.create_string_buffer(16)
+local, remote = IOVec(ctypes.addressof(dst), 16), IOVec(int(sys.argv[1]), 16)
+n = readv(os.getppid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+print("read" if n == 16 and dst.raw == b"taskgraph-probe!" else "refused")
+"""
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CMA is Linux's")
-def test_the_memory_probe_reads_this_process():
-    assert can_read_memory() is True  # no seccomp filter on these machines
+def test_the_memory_probe_agrees_with_another_process_reading_ours():
+    """The probe reads this process's own memory; what MPICH does is read another
+    rank's. Where Yama does not decide, the two must agree (a seccomp filter that
+    forbids the call forbids both)."""
+    import ctypes
+    import subprocess
+
+    if yama_scope() not in (None, "0"):
+        pytest.skip("Yama restricts ptrace here: the decision does not rest on the probe")
+    mine = ctypes.create_string_buffer(b"taskgraph-probe!", 16)
+    child = subprocess.run(
+        [sys.executable, "-c", READ_PARENT, str(ctypes.addressof(mine))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert child.returncode == 0, child.stderr
+    assert can_read_memory() is (child.stdout.strip() == "read"), child.stdout
 
 
 RANK_SCRIPT = textwrap.dedent(
