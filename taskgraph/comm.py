@@ -295,9 +295,8 @@ class World:
             self.comm = MPI.COMM_WORLD
             # large messages between ranks on one node in one copy (an MPICH setting;
             # Open MPI's shared-memory transport does that by itself where it can)
-            self.single_copy = (
-                os.environ.get(CMA_VARS[0], "").strip() == "1"
-                and "MPICH" in MPI.Get_library_version()
+            self.single_copy = "MPICH" in MPI.Get_library_version() and any(
+                os.environ.get(v, "").strip() == "1" for v in CMA_VARS
             )
             self.rank = self.comm.Get_rank()
             self.size = self.comm.Get_size()
