@@ -83,14 +83,12 @@ class Run:
         self._thread.start()
 
     def _main(self) -> None:
-        import scipy.linalg  # noqa: F401 - see below
         from threadpoolctl import threadpool_limits
 
         try:
             self.compile_seconds = compile_kernels(self.graph)
-            # the limit covers only the BLAS libraries loaded when it is set: scipy's
-            # own (not numpy's) is loaded by its first import, which may otherwise come
-            # from inside a task, and then ran on every core in every worker
+            # (scipy's BLAS is loaded already, by JobCluster: the limit covers only the
+            # libraries loaded when it is set)
             with threadpool_limits(limits=self.blas_threads, user_api="blas"), gc_frozen():
                 ex = Executor(
                     self.graph,
@@ -285,6 +283,11 @@ class JobCluster(Cluster):
         self.workers = workers or config.workers(self.world.local_size)
         self.blas_threads = blas_threads or config.blas_threads()
         self.pool = BufferPool()
+        # scipy's BLAS (a library apart from numpy's) loaded now, before any run holds
+        # BLAS to one thread per worker: the hold covers only the libraries loaded when
+        # it is set, and a task that imported scipy.linalg first ran it on every core
+        # in every worker. Not inside a run: the import takes ~0.2 s of CPU
+        import scipy.linalg  # noqa: F401
 
     def __repr__(self) -> str:
         return (
