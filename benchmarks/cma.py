@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import emit
+from benchmarks.common import emit, job_env
 
 MiB = 1 << 20
 SIZES = (MiB, 4 * MiB, 16 * MiB)
@@ -89,16 +89,11 @@ def child(out_path: str, quick: bool) -> None:
 def run(quick: bool = False) -> list[dict]:
     from taskgraph.launch import run_ranks
 
-    root = str(Path(__file__).resolve().parent.parent)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for cma in ("0", "1"):
             out = os.path.join(tmp, f"cma{cma}.jsonl")
-            env = dict(
-                os.environ,
-                MPIR_CVAR_CH4_CMA_ENABLE=cma,
-                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-            )
+            env = job_env(MPIR_CVAR_CH4_CMA_ENABLE=cma)
             argv = ["-m", "benchmarks.cma", "--child", out] + (["--quick"] if quick else [])
             sys.stdout.flush()
             proc = run_ranks(2, argv, timeout=600, env=env)

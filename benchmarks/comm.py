@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import taskgraph as tg
-from benchmarks.common import emit, machine
+from benchmarks.common import emit, job_env, machine
 from taskgraph import config
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -183,8 +183,7 @@ def run(quick: bool = False) -> list[dict]:
     from taskgraph.launch import run_ranks
 
     sizes = QUICK if quick else FULL
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = job_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "comm.jsonl")
         argv = ["-m", "benchmarks.comm", "--child", out, *map(str, sizes)]

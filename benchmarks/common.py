@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from taskgraph import config
 from taskgraph.machine import describe
@@ -58,3 +60,10 @@ def quick_main(run: Callable[..., list[dict]], doc: str, argv=None, help: str | 
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=help)
     run(quick=p.parse_args(argv).quick)
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a job of ranks that import ``benchmarks``."""
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path, **extra)

@@ -36,7 +36,7 @@ import numpy as np
 
 import taskgraph as tg
 from benchmarks.comm import chain, chain_seconds, raw_one_way
-from benchmarks.common import emit
+from benchmarks.common import emit, job_env
 from taskgraph import config
 from taskgraph.graph import INITIAL
 
@@ -120,8 +120,7 @@ def child(out: str, sizes: list[int], hops: int) -> None:
 def run(quick: bool = False, sizes=(8, 4096, 1 << 20), hops: int = 1000) -> list[dict]:
     from taskgraph.launch import run_ranks
 
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = job_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "hops.jsonl")
         argv = ["-m", "benchmarks.hops", "--child", out, "--hops", str(300 if quick else hops)]

@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
-from pathlib import Path
 
 import taskgraph as tg
-from benchmarks.common import emit, machine, oversubscribed
+from benchmarks.common import emit, job_env, machine, oversubscribed
 from taskgraph import config
 
 SHAPES = ("independent", "chain", "tree")
@@ -198,8 +196,7 @@ def two_ranks(sizes: list[int]) -> dict[tuple[str, int], dict]:
     """Start the 2-rank job and collect its figures by (shape, n)."""
     from taskgraph.launch import run_ranks
 
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = job_env()
     argv = ["-m", "benchmarks.overhead", "--child", *map(str, sizes)]
     proc = run_ranks(2, argv, timeout=1200, capture=True, env=env)
     if proc.returncode != 0:
