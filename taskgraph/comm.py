@@ -135,12 +135,9 @@ class MPINetwork(Network):
         self.tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self._status = MPI.Status()
         self._barrier = None
-
-    def isend(self, buf, dst, tag):
-        return self.comm.Isend(buf, dst, tag)
-
-    def irecv(self, buf, src, tag):
-        return self.comm.Irecv(buf, src, tag)
+        # mpi4py's own methods, without a Python call around them (on every message)
+        self.isend = self.comm.Isend  # type: ignore[method-assign]
+        self.irecv = self.comm.Irecv  # type: ignore[method-assign]
 
     def probe(self):
         MPI = self.MPI
