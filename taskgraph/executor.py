@@ -219,6 +219,7 @@ class Executor:
         self.ntasks = len(plan.tasks)
         self._keeps_value: dict = {}  # task function -> whether its value is kept
         self._tile_arrays: dict[int, np.ndarray] = {}  # data -> its local tile
+        self._remote_tiles: set[int] = set()  # data: tiles of other ranks
         self.recv_rows: list[tuple[Message, float, float]] = []  # traced in _finish
         self.done = 0
         self.outbox: list[int] = []  # finished tasks whose sends are still to post
@@ -257,13 +258,19 @@ class Executor:
         self.state[t] = READY
         heapq.heappush(self.ready, self.place[t])
 
-    def _count_down(self, t: int) -> bool:
-        """One event task t waited for happened; True if it became ready. Lock held."""
-        self.waits[t] -= 1
-        if self.waits[t] == 0:
-            self._make_ready(t)
-            return True
-        return False
+    def _count_down(self, tasks) -> int:
+        """One event each of ``tasks`` waited for happened (a task ended, a message
+        came or went); how many became ready. Lock held. Called once per event, not
+        per task: this is on the way of every message."""
+        woken = 0
+        waits = self.waits
+        for t in tasks:
+            left = waits[t] - 1
+            waits[t] = left
+            if not left:
+                self._make_ready(t)
+                woken += 1
+        return woken
 
     # -- workers ---------------------------------------------------------------------
 
@@ -446,15 +453,17 @@ class Executor:
         arr = self._tile_arrays.get(d)
         if arr is not None:
             return arr
-        item = self.graph.data[d]
-        tile = item.tile
-        if tile is not None:
-            arr = tile.matrix.tiles.get((tile.i, tile.j))
-            if arr is not None:
-                self._tile_arrays[d] = arr  # (tiles are made with their matrix)
-                return arr
-        elif item.producer in self.values:
-            return self.values[item.producer]
+        if d not in self._remote_tiles:
+            item = self.graph.data[d]
+            tile = item.tile
+            if tile is not None:
+                arr = tile.matrix.tiles.get((tile.i, tile.j))
+                if arr is not None:
+                    self._tile_arrays[d] = arr  # (tiles are made with their matrix)
+                    return arr
+                self._remote_tiles.add(d)  # another rank's: received, every time
+            elif item.producer in self.values:
+                return self.values[item.producer]
         for data, producer in reads:  # received: the version this task reads
             if data == d:
                 return self.received[d, producer]
@@ -486,14 +495,7 @@ class Executor:
             keep = self._keeps_value[fn] = not hasattr(fn, "modes")
         if keep:
             self.values[t] = value
-        woken = 0
-        waits = self.waits
-        for s in self.plan.successors[t]:  # (_count_down, inline: once per edge)
-            left = waits[s] - 1
-            waits[s] = left
-            if not left:
-                self._make_ready(s)
-                woken += 1
+        woken = self._count_down(self.plan.successors[t])
         if self.refs:  # received data this task was among the last to read
             for d, prod in task.reads:
                 key = (d, prod)
@@ -733,8 +735,10 @@ class Executor:
             if (msg.src, msg.tag) not in self.expected:
                 continue  # arrived early, already taken by the probe
             del self.expected[msg.src, msg.tag]
-            buf = self._tile_buffer(msg)
-            self._start_recv(msg, self.net.irecv(buf, msg.src, msg.tag), buf)
+            buf = self._tile_buffer(msg)  # (_start_recv inline)
+            self.recvs_active.append(self.net.irecv(buf, msg.src, msg.tag))
+            self.recvs_active_msgs.append((msg, buf, self.trace.clock()))
+            self.posted_bytes += msg.nbytes
             posted = True
         return posted
 
@@ -782,7 +786,6 @@ class Executor:
         stats = self.stats
         # traced by the worker after its task (see _finish), not on the task's way
         done_at = self.trace.clock()
-        waits = self.waits
         self.lock.acquire()  # (not `with`: Condition.__enter__ is a Python call)
         try:
             rows = self.recv_rows if self.trace.enabled else None
@@ -794,26 +797,16 @@ class Executor:
                 self.posted_bytes -= msg.nbytes
                 stats.received += 1
                 stats.bytes_received += msg.nbytes
-                if msg.kind == "tile":
-                    self._deliver(msg, buf)
-                elif msg.kind == "value":
-                    self._deliver(msg, values[msg.tag, msg.src])
-                for t in msg.consumers:  # (_count_down, inline: on a message's way)
-                    left = waits[t] - 1
-                    waits[t] = left
-                    if not left:
-                        self._make_ready(t)
-                        woken += 1
+                if msg.kind != "signal":  # (_deliver, inline)
+                    key = (msg.data, msg.producer)
+                    self.received[key] = buf if msg.kind == "tile" else values[msg.tag, msg.src]
+                    self.refs[key] = len(msg.consumers)
+                woken += self._count_down(msg.consumers)
             if woken and self.waiting:
                 self.lock.notify(woken)
         finally:
             self.lock.release()
         return True
-
-    def _deliver(self, msg: Message, obj) -> None:
-        key = (msg.data, msg.producer)
-        self.received[key] = obj
-        self.refs[key] = len(msg.consumers)
 
     def _test_sends(self) -> bool:
         done = self.net.test_some(self.sends_active)
@@ -825,8 +818,7 @@ class Executor:
             woken = 0
             for msg, posted in finished:
                 self.trace.message(msg.dst, msg.nbytes, msg.tag, posted, +1)
-                for t in msg.release:
-                    woken += self._count_down(t)
+                woken += self._count_down(msg.release)
             if woken and self.waiting:
                 self.lock.notify(woken)
         finally:

@@ -51,18 +51,21 @@ class Recorder:
         self.wall = 0.0  # the run's duration on this rank, set at the end
         n = ntasks if enabled else 0
         m = nmessages if enabled else 0
-        self.task_id = np.full(n, -1, np.int64)
-        self.task_worker = np.zeros(n, np.int16)
-        self.task_start = np.zeros(n)
-        self.task_end = np.zeros(n)
-        self.task_state = np.zeros(n, np.int8)
+        # Python lists, not NumPy arrays: a store is 13 ns against 44, and a task's
+        # path stores 17 of them (a row of its own and one per message). Ids, tags and
+        # sizes are the plan's own int objects; the times are the only new objects.
+        self.task_id: list[int] = [-1] * n
+        self.task_worker = [0] * n
+        self.task_start = [0.0] * n
+        self.task_end = [0.0] * n
+        self.task_state = [0] * n
         self.ntasks = 0  # rows finished (done or failed)
-        self.msg_peer = np.zeros(m, np.int32)
-        self.msg_bytes = np.zeros(m, np.int64)
-        self.msg_tag = np.zeros(m, np.int64)
-        self.msg_posted = np.zeros(m)
-        self.msg_done = np.zeros(m)
-        self.msg_dir = np.zeros(m, np.int8)
+        self.msg_peer = [0] * m
+        self.msg_bytes = [0] * m
+        self.msg_tag = [0] * m
+        self.msg_posted = [0.0] * m
+        self.msg_done = [0.0] * m
+        self.msg_dir = [0] * m
         self.nmsgs = 0
 
     def start(self) -> None:
@@ -121,19 +124,19 @@ class Recorder:
         t0 = self.t0
         events: dict[str, Any] = {
             "tasks": {
-                "id": self.task_id[ct:t].tolist(),
-                "worker": self.task_worker[ct:t].tolist(),
-                "start": (self.task_start[ct:t] - t0).tolist(),
-                "end": (self.task_end[ct:t] - t0).tolist(),
-                "state": self.task_state[ct:t].tolist(),
+                "id": self.task_id[ct:t],
+                "worker": self.task_worker[ct:t],
+                "start": [x - t0 for x in self.task_start[ct:t]],
+                "end": [x - t0 for x in self.task_end[ct:t]],
+                "state": self.task_state[ct:t],
             },
             "messages": {
-                "peer": self.msg_peer[cm:m].tolist(),
-                "bytes": self.msg_bytes[cm:m].tolist(),
-                "tag": self.msg_tag[cm:m].tolist(),
-                "posted": (self.msg_posted[cm:m] - t0).tolist(),
-                "done": (self.msg_done[cm:m] - t0).tolist(),
-                "dir": self.msg_dir[cm:m].tolist(),
+                "peer": self.msg_peer[cm:m],
+                "bytes": self.msg_bytes[cm:m],
+                "tag": self.msg_tag[cm:m],
+                "posted": [x - t0 for x in self.msg_posted[cm:m]],
+                "done": [x - t0 for x in self.msg_done[cm:m]],
+                "dir": self.msg_dir[cm:m],
             },
         }
         out = {

@@ -40,7 +40,7 @@ def test_one_worker_always_runs_the_ready_task_of_highest_priority():
     run = tg.current_cluster().run(g, workers=1).wait()
     priority = run.rank_plan.priority
     rec = run.executor.trace
-    order = rec.task_id[: rec.ntasks].tolist()
+    order = rec.task_id[: rec.ntasks]
     start, end = rec.task_start, rec.task_end
     assert sorted(order) == list(range(g.ntasks))
     ended = {t: end[i] for i, t in enumerate(order)}
@@ -102,7 +102,7 @@ def test_completed_requests_leave_both_lists_in_step(done):
 
 def worker_shares(run) -> list[float]:
     rec = run.executor.trace
-    workers = rec.task_worker[: rec.ntasks].tolist()
+    workers = rec.task_worker[: rec.ntasks]
     return [workers.count(w) / len(workers) for w in range(run.executor.nworkers)]
 
 
