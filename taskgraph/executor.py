@@ -122,23 +122,38 @@ def gc_frozen():
 
 
 class BufferPool:
-    """Receive buffers, kept by (shape, dtype) and handed out again instead of freed."""
+    """Receive buffers, kept by (shape, dtype) and handed out again instead of freed.
+
+    A buffer handed out remembers its key (by id: it is alive while handed out), so
+    that taking it back costs no ``arr.dtype.str`` (0.3 us, on every message's way)."""
 
     def __init__(self):
         self._free: dict[tuple, list[np.ndarray]] = {}
+        self._out: dict[int, tuple] = {}  # id of a buffer handed out -> its key
         self.allocated = 0  # buffers ever made
         self.handed_out = 0  # buffers ever handed out
 
     def get(self, shape: tuple, dtype: str) -> np.ndarray:
         self.handed_out += 1
-        stack = self._free.get((shape, dtype))
+        key = (shape, dtype)
+        stack = self._free.get(key)
         if stack:
-            return stack.pop()
-        self.allocated += 1
-        return np.empty(shape, np.dtype(dtype), order="F")
+            arr = stack.pop()
+        else:
+            self.allocated += 1
+            arr = np.empty(shape, np.dtype(dtype), order="F")
+        self._out[id(arr)] = key
+        return arr
 
     def put(self, arr: np.ndarray) -> None:
-        self._free.setdefault((arr.shape, arr.dtype.str), []).append(arr)
+        key = self._out.pop(id(arr), None)
+        if key is None:  # not one of ours
+            key = (arr.shape, arr.dtype.str)
+        stack = self._free.get(key)
+        if stack is None:
+            self._free[key] = [arr]
+        else:
+            stack.append(arr)
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._free.values())
