@@ -249,6 +249,7 @@ def comm_section(rows: list[Row]) -> str:
             ("latency µs", "latency_us"),
             ("raw mpi4py µs", "raw_latency_us"),
             ("latency ratio", "latency_ratio"),
+            ("raw, polled µs", "raw_polled_us"),
             ("MiB/s", "bandwidth_mib_s"),
             ("raw MiB/s", "raw_bandwidth_mib_s"),
             ("bandwidth fraction", "bandwidth_fraction"),
