@@ -534,8 +534,8 @@ class Executor:
 
     def _record_receives(self) -> None:
         """Trace the receives completed since the last call. Lock held (or threads
-        joined). Their six stores each were 0.4 us on the way from a message to the
-        task it releases: the worker records them after that task, off that path."""
+        joined). A row (a call and six stores, 0.4 us with NumPy rows) was on the way
+        from a message to the task it releases: the worker records it after that task."""
         rows, self.recv_rows = self.recv_rows, []
         message = self.trace.message
         for msg, posted, done_at in rows:
