@@ -100,6 +100,28 @@ def test_completed_requests_leave_both_lists_in_step(done):
     assert (handles, entries) == same and handles is same[0]  # in place: others hold them
 
 
+def test_the_buffer_pool_hands_a_buffer_out_again_only_for_its_shape_and_dtype():
+    import numpy as np
+
+    from taskgraph.executor import BufferPool
+
+    pool = BufferPool()
+    a = pool.get((4, 4), "<f8")
+    b = pool.get((4, 4), "<f4")
+    assert a.shape == (4, 4) and a.dtype == np.float64 and a.flags.f_contiguous
+    pool.put(b)
+    pool.put(a)
+    assert pool.get((4, 4), "<f8") is a and pool.get((4, 4), "<f4") is b
+    assert pool.get((4, 4), "<f8") is not a  # a is out again: a new one
+    pool.put(a)
+    assert pool.get((2, 8), "<f8") is not a  # the same bytes, another shape
+    # a buffer the pool did not make goes back by its own shape and dtype
+    mine = np.empty((3, 3), np.float32, order="F")
+    pool.put(mine)
+    assert pool.get((3, 3), "<f4") is mine
+    assert pool.allocated == 4 and pool.handed_out == 7
+
+
 def worker_shares(run) -> list[float]:
     rec = run.executor.trace
     workers = rec.task_worker[: rec.ntasks]
