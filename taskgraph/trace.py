@@ -1,10 +1,11 @@
 """Events of a run, recorded cheaply enough to leave on.
 
-Each rank records into arrays preallocated from its plan (one row per task it runs,
-one row per message it sends or receives), so recording costs a few stores, never an
-allocation. Times are seconds since the run's start on that rank: ranks leave a
-barrier together and start their clocks then; when merged, ranks on one host are put
-on one time base exactly (they share the host's monotonic clock).
+Each rank records into lists preallocated from its plan (one row per task it runs,
+one row per message it sends or receives), so recording costs a few stores and the
+float objects of its times, never a list growing. Times are seconds since the run's
+start on that rank: ranks leave a barrier together and start their clocks then; when
+merged, ranks on one host are put on one time base exactly (they share the host's
+monotonic clock).
 
 ``batch(cursor)`` hands out what was recorded since the last batch: live viewers
 (a notebook, a progress line) pull batches at their own pace, and the executor never
