@@ -747,10 +747,8 @@ class Executor:
             if (msg.src, msg.tag) not in self.expected:
                 continue  # arrived early, already taken by the probe
             del self.expected[msg.src, msg.tag]
-            buf = self._tile_buffer(msg)  # (_start_recv inline)
-            self.recvs_active.append(self.net.irecv(buf, msg.src, msg.tag))
-            self.recvs_active_msgs.append((msg, buf, self.trace.clock()))
-            self.posted_bytes += msg.nbytes
+            buf = self._tile_buffer(msg)
+            self._start_recv(msg, self.net.irecv(buf, msg.src, msg.tag), buf)
             posted = True
         return posted
 
