@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import taskgraph as tg
-from benchmarks.comm import chain, chain_seconds
+from benchmarks.comm import hop_seconds, ping_pong
 from benchmarks.common import emit, job_env
 from taskgraph import config
 
@@ -55,20 +55,15 @@ def child(out: str, old_path: str, ref: str, sizes: list[int], pairs: int) -> No
         raise SystemExit(f"the ping-pong needs 2 ranks, not {cluster.size}")
     try:
         for nbytes in sizes:
-            n = max(1, nbytes // 8)
             hops = 1000 if nbytes < (1 << 16) else 200
-            X = tg.TiledMatrix.from_function(
-                (2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X"
-            )
-            graphs = [chain(X, 2), chain(X, hops)]
-            plans = [tg.make_plan(g, 2) for g in graphs]
+            X, graphs, plans = ping_pong(nbytes, hops)
             times: dict[str, list[float]] = {k: [] for k in variants}
             for i in range(pairs + 1):  # the first pair warms up, and is not counted
                 for name, executor in variants.items():
                     cluster_module.Executor = executor
-                    short, long = (chain_seconds(cluster, X, g, p) for g, p in zip(graphs, plans))
+                    hop = hop_seconds(cluster, X, graphs, plans)
                     if i:
-                        times[name].append((long - short) / (hops - 2) * 1e6)
+                        times[name].append(hop * 1e6)
             if cluster.rank == 0:
                 result = {
                     "benchmark": "abtest",

@@ -127,14 +127,27 @@ def chain_seconds(cluster, X: tg.TiledMatrix, g: tg.Graph, plan) -> float:
     return max(cluster.world.allgather(run.seconds))
 
 
+def ping_pong(nbytes: int, hops: int) -> tuple[tg.TiledMatrix, list[tg.Graph], list]:
+    """Two tiles of ``nbytes`` (float64), one on each of 2 ranks, and the chains of 2
+    and of ``hops`` hops between them, planned."""
+    n = max(1, nbytes // 8)
+    X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X")
+    graphs = [chain(X, 2), chain(X, hops)]
+    return X, graphs, [tg.make_plan(g, 2) for g in graphs]
+
+
+def hop_seconds(cluster, X: tg.TiledMatrix, graphs: list[tg.Graph], plans: list) -> float:
+    """Seconds a hop: the long chain minus the 2-hop one (the run's fixed costs cancel)."""
+    short, long = (chain_seconds(cluster, X, g, p) for g, p in zip(graphs, plans))
+    return (long - short) / (graphs[1].ntasks - 2)
+
+
 def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
     hops, trips = counts(nbytes, quick)
+    X, graphs, plans = ping_pong(nbytes, hops)
     n = nbytes // 8
-    X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X")
     buf = np.ones(n)  # touched, as the tiles are: no page faults in the timed loops
     other = np.ones(n)
-    graphs = [chain(X, h) for h in (2, hops)]
-    plans = [tg.make_plan(g, cluster.size) for g in graphs]
     comm = cluster.world.comm
     for into in (buf, other):
         raw_one_way(comm, buf, into, max(2, trips // 10))  # warm
@@ -145,8 +158,7 @@ def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
         same = min(same, raw_one_way(comm, buf, buf, trips))
         two = min(two, raw_one_way(comm, buf, other, trips))
         polled = min(polled, polled_one_way(comm, buf, other, trips))
-        short, long = (chain_seconds(cluster, X, g, p) for g, p in zip(graphs, plans))
-        ours = min(ours, (long - short) / (hops - 2))
+        ours = min(ours, hop_seconds(cluster, X, graphs, plans))
     result = figures(nbytes, hops, trips, repeats, ours, min(same, two))
     result["raw_same_buffer_us"] = round(same * 1e6, 2)
     result["raw_two_buffers_us"] = round(two * 1e6, 2)

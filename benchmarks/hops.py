@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import taskgraph as tg
-from benchmarks.comm import chain, chain_seconds, raw_one_way
+from benchmarks.comm import chain_seconds, ping_pong, raw_one_way
 from benchmarks.common import emit, job_env
 from taskgraph import config
 from taskgraph.graph import INITIAL
@@ -72,10 +72,8 @@ def breakdown(run) -> dict:
 
 
 def measure(cluster, nbytes: int, hops: int) -> dict | None:
+    X, graphs, plans = ping_pong(nbytes, hops)
     n = max(1, nbytes // 8)
-    X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X")
-    graphs = [chain(X, 2), chain(X, hops)]
-    plans = [tg.make_plan(g, 2) for g in graphs]
     buf, other = np.ones(n), np.ones(n)
     comm = cluster.world.comm
     raw_one_way(comm, buf, other, 50)  # warm
