@@ -269,6 +269,50 @@ def enable_single_copy() -> bool:
     return bool(env)
 
 
+ABORT_GRACE = 0.5  # seconds between a rank's last words and MPI_Abort
+
+
+def abort_hook(previous, abort, rank: int, size: int):
+    """An uncaught-exception hook for one rank of a job: ``previous`` prints the
+    traceback, then a line says which rank ended the job, then ``abort()``.
+
+    Without it a rank that raises outside a run (a bad argument, a typo after the
+    first ``tg.Cluster()``) goes into MPI_Finalize while the others wait for it in
+    their next collective: the job hangs until its time limit. MPI_Abort ends every
+    rank at once, as ``python -m mpi4py`` does."""
+
+    def hook(kind, value, tb):
+        try:
+            previous(kind, value, tb)
+            print(
+                f"taskgraph: rank {rank}/{size} raised {kind.__name__}: ending the whole "
+                "job (MPI_Abort) so that the other ranks do not wait for it",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stdout.flush()
+        finally:
+            abort()
+
+    return hook
+
+
+def install_abort_hook(comm, rank: int, size: int) -> None:
+    """Make an uncaught exception in this rank's main thread end the job (once)."""
+    if getattr(sys.excepthook, "taskgraph_abort", False):
+        return
+
+    def abort() -> None:
+        # the launcher forwards a rank's output from a pipe and stops once it is told
+        # of the abort: without a moment's grace the traceback came out cut short
+        time.sleep(ABORT_GRACE)
+        comm.Abort(1)
+
+    hook = abort_hook(sys.excepthook, abort, rank, size)
+    hook.taskgraph_abort = True
+    sys.excepthook = hook
+
+
 class World:
     """The ranks of this job: COMM_WORLD under MPI, or one rank without MPI."""
 
@@ -297,6 +341,8 @@ class World:
             )
             self.rank = self.comm.Get_rank()
             self.size = self.comm.Get_size()
+            if self.size > 1:
+                install_abort_hook(self.comm, self.rank, self.size)
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
             self.local_size = node.Get_size()
             node.Free()

@@ -125,3 +125,48 @@ def test_a_rank_that_dies_ends_the_job(mpirun, tmp_path):
     proc = mpirun(3, [str(script)], timeout=60)
     assert proc.returncode != 0
     assert "UNREACHABLE" not in proc.stdout
+
+
+RAISES_ON_RANK_0 = """
+import taskgraph as tg
+
+cluster = tg.Cluster()
+if cluster.rank == 0:
+    raise ValueError("a typo on rank 0")
+cluster.barrier()  # the other ranks wait here for rank 0, which never comes
+print("UNREACHABLE")
+"""
+
+
+def test_an_exception_outside_a_run_ends_the_job_instead_of_hanging(mpirun, tmp_path):
+    # without the abort hook rank 0 went into MPI_Finalize and rank 1 waited in the
+    # barrier until the test's timeout
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES_ON_RANK_0)
+    proc = mpirun(2, [str(script)], timeout=45)
+    assert proc.returncode != 0
+    assert "ValueError: a typo on rank 0" in proc.stderr
+    assert "rank 0/2 raised ValueError" in proc.stderr
+    assert "UNREACHABLE" not in proc.stdout
+
+
+def test_the_abort_hook_prints_then_aborts_even_if_printing_fails():
+    from taskgraph.comm import abort_hook
+
+    calls = []
+
+    def printing(kind, value, tb):
+        calls.append(("print", kind))
+
+    hook = abort_hook(printing, lambda: calls.append(("abort", None)), 1, 3)
+    hook(KeyError, KeyError("k"), None)
+    assert calls == [("print", KeyError), ("abort", None)]
+
+    def broken(kind, value, tb):
+        raise OSError("stderr closed")
+
+    calls.clear()
+    hook = abort_hook(broken, lambda: calls.append(("abort", None)), 1, 3)
+    with pytest.raises(OSError):
+        hook(KeyError, KeyError("k"), None)
+    assert calls == [("abort", None)]

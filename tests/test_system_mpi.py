@@ -54,3 +54,15 @@ def test_scenarios_under_open_mpi(name, mpirun, openmpi):
     proc = mpirun(3, [str(scenarios.__file__), name], env=openmpi, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert passed_ranks(proc.stdout, name) == {0, 1, 2}, proc.stdout + proc.stderr
+
+
+@needs_openmpi
+def test_an_exception_outside_a_run_ends_the_job_under_open_mpi(mpirun, openmpi, tmp_path):
+    from test_batch import RAISES_ON_RANK_0
+
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES_ON_RANK_0)
+    proc = mpirun(2, [str(script)], env=openmpi, timeout=45)
+    assert proc.returncode != 0
+    assert "rank 0/2 raised ValueError" in proc.stderr
+    assert "UNREACHABLE" not in proc.stdout
