@@ -11,10 +11,10 @@ other modules.
 Why: separate runs of one benchmark on a shared VM differ by up to 2x from one minute
 to the next (an 8-byte hop of unchanged code took 7.2 to 24 us in one afternoon), so
 two separate runs cannot show a 10 % change. Within a pair both versions see the same
-machine. Per size: each version's best and median µs a hop (long chain minus a 2-hop
-chain, as the comm suite measures it), and ``pairs_won``: in how many pairs the working
-tree's was faster. Nothing here is a target: it is how a change to the runtime's hot
-path is judged before it goes in.
+machine. Per size: each version's best and median µs a hop (long chain minus a
+quarter-length chain, as the comm suite measures it), and ``pairs_won``: in how many
+pairs the working tree's was faster. Nothing here is a target: it is how a change to
+the runtime's hot path is judged before it goes in.
 """
 
 from __future__ import annotations

@@ -5,18 +5,25 @@
 For each message size (8 B to 16 MiB; ``--quick``: 8 B, 4 KiB, 1 MiB, 16 MiB) a
 ``TiledMatrix`` of two tiles of that many bytes (float64), one on each rank (a 2 x 1
 grid), and a chain of tasks, each reading the other rank's tile and writing its own:
-every hop is one task and one tile message (``Isend``/``Irecv`` of the tile's
-buffer) from one rank to the other. One-way latency is the time per hop, taken as
-the difference between a long chain and a 2-hop chain (so the run's fixed costs,
-its start barrier and closing agreement, cancel), best of the repeats. Chains are
-at most 1,000 hops (``--quick``: 300): the runtime posts all of a chain's receives
-ahead and tests them all on every poll, so much longer chains measure that too.
+every hop is one task and one tile message (``Isend``/``Irecv`` of the tile's buffer)
+from one rank to the other. One-way latency is the time per hop in the steady state,
+taken as the difference between a long chain and one a quarter as long
+(:func:`short_of`, at least 16 hops), each the best of the repeats, divided by the
+hops between them (:func:`best_step`): the run's fixed costs (its start barrier, its
+closing agreement) cancel, and so does its warm-up. The first ten or so hops of a run
+are slower (1 MiB: 100-190 us against 75 after them), as are the first round trips of
+a raw ping-pong after its ranks slept (140, 162, 100, 84, then 70): a 2-hop short
+chain, as this suite used before, left that warm-up in every hop's figure (5 us a hop
+of a 64-hop chain of 4 MiB). Chains are at most 1,000 hops (``--quick``: 300): the
+runtime posts all of a chain's receives ahead and tests them all on every poll, so
+much longer chains measure that too.
 
 Baseline, in the same job, alternating with ours: a raw mpi4py ping-pong,
 ``comm.Send``/``comm.Recv`` of NumPy buffers of the same size; one-way latency is
 half a round trip. It runs two ways, receiving into the buffer it sends from and into
 a second buffer (as NetPIPE does, and as the runtime does: it sends from the tile and
-receives into a pooled buffer); the baseline is the faster of the two, per size. The
+receives into a pooled buffer); the baseline is the faster of the two, per size, each
+the same difference of a long and a quarter-length loop as ours. The
 difference is large with the mpich wheel on this machine (from 2 MiB up the
 one-buffer ping-pong was 3-4x slower in one run, and as fast in another), so the
 stronger baseline is the fair one. NetPIPE-style figures per size: one-way latency
@@ -56,9 +63,9 @@ def hop(src, dst):
 def counts(nbytes: int, quick: bool) -> tuple[int, int]:
     """(hops of our chain, round trips of the raw ping-pong) for a size."""
     volume = (64 if quick else 256) * MiB
-    # at least 64 hops (--quick: 32): the figure is a difference of two chains, and
+    # at least 128 hops (--quick: 64): the figure is a difference of two chains, and
     # 16 hops of 16 MiB left it to the noise of a shared machine (0.62-1.0 of raw)
-    least = 32 if quick else 64
+    least = 64 if quick else 128
     hops = int(np.clip(volume // nbytes, least, 300 if quick else 1000))
     trips = int(np.clip(volume // nbytes, least // 2, 2000 if quick else 10000))
     return hops, trips
@@ -67,9 +74,26 @@ def counts(nbytes: int, quick: bool) -> tuple[int, int]:
 # -- inside the job ---------------------------------------------------------------------
 
 
+def short_of(n: int) -> int:
+    """The length of the short run whose time is taken from an ``n``-long one's: a
+    quarter of it, at least 16, so that both hold the warm-up of a run."""
+    return min(n - 1, max(16, n // 4))
+
+
+def steady(loop, n: int) -> float:
+    """Seconds per step of ``loop(steps)`` (which returns its seconds) in the steady
+    state: the difference of an ``n``-step and a ``short_of(n)``-step loop."""
+    short = short_of(n)
+    return (loop(n) - loop(short)) / (n - short)
+
+
 def raw_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
-    """Seconds per one-way message of a Send/Recv ping-pong: send ``out``, receive
-    into ``into`` (the same array, or another as NetPIPE does)."""
+    """Seconds per one-way message of a Send/Recv ping-pong (steady state): send
+    ``out``, receive into ``into`` (the same array, or another as NetPIPE does)."""
+    return steady(lambda n: _raw_loop(comm, out, into, n), trips) / 2
+
+
+def _raw_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     peer = 1 - comm.Get_rank()
     comm.Barrier()
     t0 = time.perf_counter()
@@ -80,14 +104,19 @@ def raw_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
         else:
             comm.Recv(into, peer, 7)
             comm.Send(out, peer, 7)
-    return (time.perf_counter() - t0) / (2 * trips)
+    return time.perf_counter() - t0  # all round trips
 
 
 def polled_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     """Seconds per one-way message of a ping-pong of ``Isend``/``Irecv`` completed by
-    ``Test`` in a Python loop: not the target's baseline (that is ``Send``/``Recv``),
-    reported beside it because it is the faster of the two with the mpich wheel here
-    (about 1 us against 1.5-2 for 8 B), and it is how the runtime itself waits."""
+    ``Test`` in a Python loop (steady state, as :func:`raw_one_way`): not the target's
+    baseline (that is ``Send``/``Recv``), reported beside it because it is the faster
+    of the two with the mpich wheel here (about 1 us against 1.5-2 for 8 B), and it is
+    how the runtime itself waits."""
+    return steady(lambda n: _polled_loop(comm, out, into, n), trips) / 2
+
+
+def _polled_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     peer = 1 - comm.Get_rank()
     comm.Barrier()
     t0 = time.perf_counter()
@@ -103,7 +132,7 @@ def polled_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float
         while not recv.Test():
             pass
         send.Wait()
-    return (time.perf_counter() - t0) / (2 * trips)
+    return time.perf_counter() - t0  # all round trips
 
 
 def chain(X: tg.TiledMatrix, hops: int) -> tg.Graph:
@@ -128,18 +157,28 @@ def chain_seconds(cluster, X: tg.TiledMatrix, g: tg.Graph, plan) -> float:
 
 
 def ping_pong(nbytes: int, hops: int) -> tuple[tg.TiledMatrix, list[tg.Graph], list]:
-    """Two tiles of ``nbytes`` (float64), one on each of 2 ranks, and the chains of 2
-    and of ``hops`` hops between them, planned."""
+    """Two tiles of ``nbytes`` (float64), one on each of 2 ranks, and the chains of
+    ``short_of(hops)`` and of ``hops`` hops between them, planned."""
     n = max(1, nbytes // 8)
     X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X")
-    graphs = [chain(X, 2), chain(X, hops)]
+    graphs = [chain(X, short_of(hops)), chain(X, hops)]
     return X, graphs, [tg.make_plan(g, 2) for g in graphs]
 
 
 def hop_seconds(cluster, X: tg.TiledMatrix, graphs: list[tg.Graph], plans: list) -> float:
-    """Seconds a hop: the long chain minus the 2-hop one (the run's fixed costs cancel)."""
+    """Seconds a hop: the long chain minus the short one, over the hops between them
+    (the run's fixed costs and its warm-up cancel)."""
     short, long = (chain_seconds(cluster, X, g, p) for g, p in zip(graphs, plans))
-    return (long - short) / (graphs[1].ntasks - 2)
+    return (long - short) / (graphs[1].ntasks - graphs[0].ntasks)
+
+
+def best_step(best: dict[int, float], n: int) -> float:
+    """Seconds a step in the steady state, from the best time of an ``n``-step loop
+    and of a ``short_of(n)``-step one. Best of each, then the difference: the best of
+    differences would pick the repeat whose short loop was slowed by the machine
+    (a 4 MiB hop came out at 0.6x raw mpi4py's time that way)."""
+    short = short_of(n)
+    return (best[n] - best[short]) / (n - short)
 
 
 def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
@@ -153,12 +192,20 @@ def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
         raw_one_way(comm, buf, into, max(2, trips // 10))  # warm
     for g, p in zip(graphs, plans):
         chain_seconds(cluster, X, g, p)  # warm: buffers from the pool
-    same, two, polled, ours = (float("inf"),) * 4
-    for _ in range(repeats):
-        same = min(same, raw_one_way(comm, buf, buf, trips))
-        two = min(two, raw_one_way(comm, buf, other, trips))
-        polled = min(polled, polled_one_way(comm, buf, other, trips))
-        ours = min(ours, hop_seconds(cluster, X, graphs, plans))
+    best: dict[str, dict[int, float]] = {k: {} for k in ("same", "two", "polled", "ours")}
+
+    def keep(kind: str, steps: int, seconds: float) -> None:
+        best[kind][steps] = min(best[kind].get(steps, float("inf")), seconds)
+
+    for _ in range(repeats):  # the kinds alternate: each sees the machine as it is now
+        for steps in (trips, short_of(trips)):
+            keep("same", steps, _raw_loop(comm, buf, buf, steps))
+            keep("two", steps, _raw_loop(comm, buf, other, steps))
+            keep("polled", steps, _polled_loop(comm, buf, other, steps))
+        for g, p in zip(graphs, plans):
+            keep("ours", g.ntasks, chain_seconds(cluster, X, g, p))
+    same, two, polled = (best_step(best[k], trips) / 2 for k in ("same", "two", "polled"))
+    ours = best_step(best["ours"], hops)
     result = figures(nbytes, hops, trips, repeats, ours, min(same, two))
     result["raw_same_buffer_us"] = round(same * 1e6, 2)
     result["raw_two_buffers_us"] = round(two * 1e6, 2)
@@ -188,7 +235,7 @@ def child(sizes: list[int], quick: bool, out: str) -> None:
     if cluster.size != 2:
         raise SystemExit(f"the ping-pong needs 2 ranks, not {cluster.size}")
     for nbytes in sizes:
-        result = measure_size(cluster, nbytes, quick, repeats=3 if quick else 5)
+        result = measure_size(cluster, nbytes, quick, repeats=3 if quick else 7)
         if cluster.rank == 0:
             result = emit(result)
             with open(out, "a") as f:

@@ -15,8 +15,8 @@ over the hops:
   two directions so that the ranks' clock offset cancels (``clock_offset_us``: that
   offset, as the start barrier left it).
 
-``hop_us`` is the run's time per hop (long chain minus a 2-hop chain, as the comm
-suite measures it) and ``raw_us`` a raw mpi4py ``Send``/``Recv`` ping-pong's one-way
+``hop_us`` is the run's time per hop (long chain minus a quarter-length one, as the
+comm suite measures it) and ``raw_us`` a raw mpi4py ``Send``/``Recv`` ping-pong's one-way
 time in the same job; ``polls``, ``spins`` and ``sleeps`` per hop come from the
 executor's counters. Nothing here is a target: it is the profile behind the comm
 suite's latency and bandwidth figures.
@@ -85,7 +85,7 @@ def measure(cluster, nbytes: int, hops: int) -> dict | None:
         short = chain_seconds(cluster, X, graphs[0], plans[0])
         run = cluster.run(graphs[1], plan=plans[1]).wait()
         long = max(cluster.world.allgather(run.seconds))
-        hop = (long - short) / (hops - 2)
+        hop = (long - short) / (hops - graphs[0].ntasks)
         if best is None or hop < best[0]:
             best = (hop, run)
     hop, run = best
