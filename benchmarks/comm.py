@@ -80,20 +80,28 @@ def short_of(n: int) -> int:
     return min(n - 1, max(16, n // 4))
 
 
+def best_step(best: dict[int, float], n: int) -> float:
+    """Seconds a step in the steady state, from the best time of an ``n``-step loop
+    and of a ``short_of(n)``-step one. Best of each, then the difference: the best of
+    differences would pick the repeat whose short loop was slowed by the machine
+    (a 4 MiB hop came out at 0.6x raw mpi4py's time that way)."""
+    short = short_of(n)
+    return (best[n] - best[short]) / (n - short)
+
+
 def steady(loop, n: int) -> float:
     """Seconds per step of ``loop(steps)`` (which returns its seconds) in the steady
     state: the difference of an ``n``-step and a ``short_of(n)``-step loop."""
-    short = short_of(n)
-    return (loop(n) - loop(short)) / (n - short)
+    return best_step({m: loop(m) for m in (n, short_of(n))}, n)
 
 
 def raw_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     """Seconds per one-way message of a Send/Recv ping-pong (steady state): send
     ``out``, receive into ``into`` (the same array, or another as NetPIPE does)."""
-    return steady(lambda n: _raw_loop(comm, out, into, n), trips) / 2
+    return steady(lambda n: raw_loop(comm, out, into, n), trips) / 2
 
 
-def _raw_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
+def raw_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     peer = 1 - comm.Get_rank()
     comm.Barrier()
     t0 = time.perf_counter()
@@ -113,10 +121,10 @@ def polled_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float
     baseline (that is ``Send``/``Recv``), reported beside it because it is the faster
     of the two with the mpich wheel here (about 1 us against 1.5-2 for 8 B), and it is
     how the runtime itself waits."""
-    return steady(lambda n: _polled_loop(comm, out, into, n), trips) / 2
+    return steady(lambda n: polled_loop(comm, out, into, n), trips) / 2
 
 
-def _polled_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
+def polled_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     peer = 1 - comm.Get_rank()
     comm.Barrier()
     t0 = time.perf_counter()
@@ -156,12 +164,14 @@ def chain_seconds(cluster, X: tg.TiledMatrix, g: tg.Graph, plan) -> float:
     return max(cluster.world.allgather(run.seconds))
 
 
-def ping_pong(nbytes: int, hops: int) -> tuple[tg.TiledMatrix, list[tg.Graph], list]:
+def ping_pong(
+    nbytes: int, hops: int, short: int | None = None
+) -> tuple[tg.TiledMatrix, list[tg.Graph], list]:
     """Two tiles of ``nbytes`` (float64), one on each of 2 ranks, and the chains of
-    ``short_of(hops)`` and of ``hops`` hops between them, planned."""
+    ``short`` (default ``short_of(hops)``) and of ``hops`` hops between them, planned."""
     n = max(1, nbytes // 8)
     X = tg.TiledMatrix.from_function((2 * n, 1), n, lambda i, j, s: 1.0, grid=(2, 1), name="X")
-    graphs = [chain(X, short_of(hops)), chain(X, hops)]
+    graphs = [chain(X, short_of(hops) if short is None else short), chain(X, hops)]
     return X, graphs, [tg.make_plan(g, 2) for g in graphs]
 
 
@@ -170,15 +180,6 @@ def hop_seconds(cluster, X: tg.TiledMatrix, graphs: list[tg.Graph], plans: list)
     (the run's fixed costs and its warm-up cancel)."""
     short, long = (chain_seconds(cluster, X, g, p) for g, p in zip(graphs, plans))
     return (long - short) / (graphs[1].ntasks - graphs[0].ntasks)
-
-
-def best_step(best: dict[int, float], n: int) -> float:
-    """Seconds a step in the steady state, from the best time of an ``n``-step loop
-    and of a ``short_of(n)``-step one. Best of each, then the difference: the best of
-    differences would pick the repeat whose short loop was slowed by the machine
-    (a 4 MiB hop came out at 0.6x raw mpi4py's time that way)."""
-    short = short_of(n)
-    return (best[n] - best[short]) / (n - short)
 
 
 def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
@@ -199,9 +200,9 @@ def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
 
     for _ in range(repeats):  # the kinds alternate: each sees the machine as it is now
         for steps in (trips, short_of(trips)):
-            keep("same", steps, _raw_loop(comm, buf, buf, steps))
-            keep("two", steps, _raw_loop(comm, buf, other, steps))
-            keep("polled", steps, _polled_loop(comm, buf, other, steps))
+            keep("same", steps, raw_loop(comm, buf, buf, steps))
+            keep("two", steps, raw_loop(comm, buf, other, steps))
+            keep("polled", steps, polled_loop(comm, buf, other, steps))
         for g, p in zip(graphs, plans):
             keep("ours", g.ntasks, chain_seconds(cluster, X, g, p))
     same, two, polled = (best_step(best[k], trips) / 2 for k in ("same", "two", "polled"))

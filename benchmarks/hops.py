@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import taskgraph as tg
-from benchmarks.comm import _raw_loop, best_step, chain_seconds, ping_pong, raw_one_way, short_of
+from benchmarks.comm import best_step, chain_seconds, ping_pong, raw_loop, raw_one_way, short_of
 from benchmarks.common import emit, job_env
 from taskgraph import config
 from taskgraph.graph import INITIAL
@@ -81,7 +81,7 @@ def measure(cluster, nbytes: int, hops: int) -> dict | None:
         chain_seconds(cluster, X, g, p)  # warm: compiled, buffers in the pool
     trips = 2000 if nbytes < 65536 else 200
     loops = {
-        n: min(_raw_loop(comm, buf, other, n) for _ in range(3)) for n in (trips, short_of(trips))
+        n: min(raw_loop(comm, buf, other, n) for _ in range(3)) for n in (trips, short_of(trips))
     }
     raw = best_step(loops, trips) / 2
     shorts, longs = [], []
@@ -90,7 +90,7 @@ def measure(cluster, nbytes: int, hops: int) -> dict | None:
         run = cluster.run(graphs[1], plan=plans[1]).wait()
         longs.append((max(cluster.world.allgather(run.seconds)), run))
     long, run = min(longs, key=lambda pair: pair[0])  # the best of each, as comm does
-    hop = (long - min(shorts)) / (hops - graphs[0].ntasks)
+    hop = best_step({graphs[0].ntasks: min(shorts), hops: long}, hops)
     stats = cluster.world.allgather(run.stats.as_dict())
     if cluster.rank != 0:
         return None

@@ -689,11 +689,6 @@ class Executor:
                 # nothing to poll: sleep until a worker hands over
                 self.wake.wait(0.05 if net.size > 1 else None)
             else:
-                # back off: poll often while a worker is idle (or polls: look again
-                # soon in case it stops); while every worker computes, latency is
-                # hidden, so leave their cores alone
-                busy_workers = not pollers and self._running >= self.nworkers
-                cap = 10 * self.poll_max if busy_workers else self.poll_max
                 if pollers:
                     # a worker polls, and wakes this thread when it starts a long task
                     # or stops polling: look now and then only. Waking every poll_max
@@ -703,6 +698,10 @@ class Executor:
                     # slowed the first millisecond of a run, a dozen 1 MiB hops)
                     sleep = POLLED_SLEEP
                 else:
+                    # back off: poll often while a worker is idle; while every worker
+                    # computes, latency is hidden, so leave their cores alone
+                    busy_workers = self._running >= self.nworkers
+                    cap = 10 * self.poll_max if busy_workers else self.poll_max
                     sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
                 self.stats.sleeps += 1
                 if self.wake.wait(sleep):
