@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from . import config, convert, sbatch
-from .launch import run_ranks
+from .launch import run_ranks, script_argv
 
 
 def _demo(argv: list[str]) -> int:
@@ -47,8 +47,11 @@ def _run(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.ranks < 1:
         p.error("-n must be at least 1")
+    if not Path(args.script).is_file():
+        print(f"taskgraph run: no such script: {args.script}", file=sys.stderr)
+        return 2
     if not convert.is_notebook(args.script):
-        return _launch(args.ranks, [args.script, *args.args], args.timeout)
+        return _launch(args.ranks, script_argv(args.script, args.args), args.timeout)
     with tempfile.TemporaryDirectory(prefix="taskgraph-run-") as tmp:
         script = Path(tmp) / (Path(args.script).stem + ".py")
         try:
@@ -56,7 +59,7 @@ def _run(argv: list[str]) -> int:
         except convert.ConversionError as exc:
             print(f"taskgraph run: {exc}", file=sys.stderr)
             return 2
-        return _launch(args.ranks, [str(script), *args.args], args.timeout)
+        return _launch(args.ranks, script_argv(str(script), args.args), args.timeout)
 
 
 def _convert(argv: list[str]) -> int:

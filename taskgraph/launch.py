@@ -59,6 +59,16 @@ def python_command(n: int, argv: Sequence[str]) -> list[str]:
     return mpiexec_command(exe, launcher_flavour(exe), n, [sys.executable, *argv], as_root)
 
 
+def script_argv(script: str, args: Sequence[str] = ()) -> list[str]:
+    """Python's arguments that run ``script args`` on a rank under mpi4py's runner:
+    a rank whose script ends with ``sys.exit(n)``, n non-zero, or a Ctrl-C, ends the
+    whole job (``MPI_Abort(n)``). A plain ``python script.py`` goes into MPI_Finalize
+    instead, and the job hangs while the other ranks wait for that one in their next
+    collective. (Uncaught exceptions end the job either way: see
+    :func:`taskgraph.comm.install_abort_hook`.)"""
+    return ["-m", "mpi4py", script, *args]
+
+
 def run_ranks(
     n: int,
     argv: Sequence[str],

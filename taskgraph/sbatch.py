@@ -9,9 +9,10 @@ package data ``taskgraph.slurm``) and are plain bash with named placeholders,
 ==================  ======================================================================
 template            what the job does
 ==================  ======================================================================
-``job.sh.tmpl``     ``srun python script.py``: the script on nodes x ntasks-per-node ranks,
-                    cpus-per-task worker threads each (BLAS and numba threads to match),
-                    traces in ``<job-name>-<job id>.trace/`` beside ``<job-name>-<id>.out``
+``job.sh.tmpl``     ``srun python -m mpi4py script.py``: the script on nodes x
+                    ntasks-per-node ranks, cpus-per-task worker threads each (BLAS and
+                    numba threads to match), traces in ``<job-name>-<job id>.trace/``
+                    beside ``<job-name>-<id>.out``
 ``engines.sh.tmpl`` an ipcontroller and ``srun ipengine --mpi`` (one engine per rank) that
                     a notebook joins with ``tg.Cluster.attach(connection_file=...)``
 ==================  ======================================================================

@@ -97,7 +97,7 @@ def test_cli_rejects_bad_input(run_cli, args, message):
 def test_missing_script_fails_clearly(run_cli):
     proc = run_cli("run", "-n", "2", "no/such/script.py", timeout=60)
     assert proc.returncode != 0
-    assert "no/such/script.py" in proc.stderr
+    assert "no such script: no/such/script.py" in proc.stderr
 
 
 def test_a_rank_that_dies_ends_the_job(mpirun, tmp_path):
@@ -147,6 +147,30 @@ def test_an_exception_outside_a_run_ends_the_job_instead_of_hanging(mpirun, tmp_
     assert proc.returncode != 0
     assert "ValueError: a typo on rank 0" in proc.stderr
     assert "rank 0/2 raised ValueError" in proc.stderr
+    assert "UNREACHABLE" not in proc.stdout
+
+
+EXITS_ON_RANK_0 = """
+import sys
+import taskgraph as tg
+
+cluster = tg.Cluster()
+print(f"rank {cluster.rank} started", flush=True)
+if cluster.rank == 0:
+    sys.exit(3)  # SystemExit passes by sys.excepthook: the abort hook never sees it
+cluster.barrier()  # rank 1 waits here for rank 0, which never comes
+print("UNREACHABLE")
+"""
+
+
+def test_taskgraph_run_ends_the_job_when_a_rank_calls_sys_exit(run_cli, tmp_path):
+    # under a plain `python script.py` rank 0 went into MPI_Finalize with code 3 and
+    # rank 1 waited in the barrier until the timeout; mpi4py's runner aborts the job
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS_ON_RANK_0)
+    proc = run_cli("run", "-n", "2", "--timeout", "40", str(script), timeout=60)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "rank 0 started" in proc.stdout and "rank 1 started" in proc.stdout
     assert "UNREACHABLE" not in proc.stdout
 
 

@@ -151,7 +151,7 @@ def test_job_script_has_sbatch_lines_modules_threads_trace_and_srun():
         'export NUMBA_NUM_THREADS="$cpus"',
         'export TASKGRAPH_TRACE_DIR="${SLURM_SUBMIT_DIR:-$PWD}/run_me-${SLURM_JOB_ID:-local}'
         '.trace"',
-        "srun --cpus-per-task=\"$cpus\" /opt/py/bin/python '/work/run me.py'",
+        "srun --cpus-per-task=\"$cpus\" /opt/py/bin/python -m mpi4py '/work/run me.py'",
     ):
         assert line in text.splitlines(), line
     # every #SBATCH line comes before the first command
