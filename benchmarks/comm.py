@@ -19,17 +19,18 @@ runtime posts all of a chain's receives ahead and tests them all on every poll, 
 much longer chains measure that too.
 
 Baseline, in the same job, alternating with ours: a raw mpi4py ping-pong,
-``comm.Send``/``comm.Recv`` of NumPy buffers of the same size; one-way latency is
-half a round trip. It runs two ways, receiving into the buffer it sends from and into
-a second buffer (as NetPIPE does, and as the runtime does: it sends from the tile and
-receives into a pooled buffer); the baseline is the faster of the two, per size, each
-the same difference of a long and a quarter-length loop as ours. The
-difference is large with the mpich wheel on this machine (from 2 MiB up the
-one-buffer ping-pong was 3-4x slower in one run, and as fast in another), so the
-stronger baseline is the fair one. NetPIPE-style figures per size: one-way latency
-(µs) and bandwidth (MiB/s) of both, ``latency_ratio`` = ours / raw and ``bandwidth_fraction``
-= ours / raw. ``comm_targets``: latency ratio ≤ 5 for small messages (≤ 4 KiB) and
-bandwidth fraction ≥ 0.90 from 1 MiB up.
+``comm.Send``/``comm.Recv`` of NumPy buffers of the same size; one-way latency is half
+a round trip. It runs two ways, receiving into the buffer it sends from (as NetPIPE
+does by default; it has separate buffers only in its cache-defeating ``-I`` mode) and
+into a second buffer (as the runtime does: it sends from the tile and receives into a
+pooled buffer); the baseline is the faster of the two, per size, each the same
+difference of a long and a quarter-length loop as ours. The difference is large with
+the mpich wheel on this machine (from 2 MiB up the one-buffer ping-pong was 3-4x
+slower in one run, and as fast in another), so the stronger baseline is the fair one.
+NetPIPE-style figures per size: one-way latency (µs) and bandwidth (MiB/s) of both,
+``latency_ratio`` = ours / raw and ``bandwidth_fraction`` = ours / raw.
+``comm_targets``: latency ratio ≤ 5 for small messages (≤ 4 KiB) and bandwidth
+fraction ≥ 0.90 from 1 MiB up.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def steady(loop, n: int) -> float:
 
 def raw_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     """Seconds per one-way message of a Send/Recv ping-pong (steady state): send
-    ``out``, receive into ``into`` (the same array, or another as NetPIPE does)."""
+    ``out``, receive into ``into`` (the same array, or another)."""
     return steady(lambda n: raw_loop(comm, out, into, n), trips) / 2
 
 
