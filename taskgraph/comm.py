@@ -322,6 +322,7 @@ class World:
         self.comm = None
         self.rank, self.size, self.local_size = 0, 1, 1
         self.single_copy = False
+        self.bound_cpus: list[int] | None = None  # this rank's share, if it bound itself
         if use_mpi:
             if "mpi4py.MPI" not in sys.modules:  # (MPI reads its settings when it starts)
                 enable_single_copy()
@@ -345,7 +346,21 @@ class World:
                 install_abort_hook(self.comm, self.rank, self.size)
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
             self.local_size = node.Get_size()
+            self.bound_cpus = self._bind(node)
             node.Free()
+
+    @staticmethod
+    def _bind(node) -> list[int] | None:
+        """This rank onto its share of the node's CPUs, if the launcher left every
+        rank on all of them (:mod:`taskgraph.affinity`); the CPUs, or None."""
+        from . import affinity
+
+        if not config.bind():
+            return None
+        cpus = affinity.share(node.Get_rank(), node.allgather(affinity.current()))
+        if cpus is not None:
+            affinity.bind(cpus)
+        return cpus
 
     def network(self) -> Network:
         return MPINetwork(self.comm) if self.comm is not None else Network()

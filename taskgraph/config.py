@@ -15,6 +15,8 @@ TASKGRAPH_SPIN_US              keep polling this long after the last message   3
 TASKGRAPH_SPIN_US_PER_MIB      ... and this much longer per MiB awaited        500
 TASKGRAPH_CMA                  ``0``: MPICH copies large messages through      auto [3]_
                                shared memory; ``1``: one copy (CMA) always
+TASKGRAPH_BIND                 ``0``: leave ranks unbound; ``auto``: bind       auto [4]_
+                               each rank on a node to a share of its CPUs
 TASKGRAPH_TRACE_DIR            where scripts' ``run.show()`` writes traces     .
 TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 =============================  ==============================================  =========
@@ -25,6 +27,8 @@ TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 .. [3] one copy when this process may read another's memory (see
        :func:`taskgraph.comm.wants_single_copy`), unless the MPI settings say
        otherwise (``MPIR_CVAR_CH4_CMA_ENABLE``).
+.. [4] only where the launcher bound none of the node's ranks and there are at least
+       as many CPUs as ranks (see :mod:`taskgraph.affinity`).
 """
 
 from __future__ import annotations
@@ -74,10 +78,10 @@ def mpiexec() -> str:
 
 
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """CPUs this process may use, counted before its rank was bound to a share."""
+    from .affinity import node_cpus
+
+    return len(node_cpus())
 
 
 def workers(ranks_here: int) -> int:
@@ -124,6 +128,16 @@ def cma() -> bool | None:
     if raw in ("", "auto"):
         return None
     raise ValueError(f"TASKGRAPH_CMA={raw!r}: use 0, 1 or auto")
+
+
+def bind() -> bool:
+    """False when ``TASKGRAPH_BIND`` says to leave ranks unbound."""
+    raw = os.environ.get("TASKGRAPH_BIND", "").strip().lower()
+    if raw in ("0", "no", "false", "off"):
+        return False
+    if raw in ("", "auto", "1", "yes", "true", "on"):
+        return True
+    raise ValueError(f"TASKGRAPH_BIND={raw!r}: use 0 or auto")
 
 
 def trace_dir() -> str:

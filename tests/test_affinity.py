@@ -1,0 +1,97 @@
+"""``taskgraph.affinity``: which CPUs a rank keeps, and ranks that bind themselves."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from taskgraph.affinity import share
+
+ALL4 = frozenset({0, 1, 2, 3})
+
+
+def test_unbound_ranks_split_the_cpus_evenly_and_disjointly():
+    assert [share(r, [ALL4, ALL4]) for r in (0, 1)] == [[0, 1], [2, 3]]
+    assert [share(r, [ALL4] * 4) for r in range(4)] == [[0], [1], [2], [3]]
+    odd = frozenset({4, 7, 9})  # CPU numbers as the OS gives them, not 0..n-1
+    assert [share(r, [odd, odd]) for r in (0, 1)] == [[4], [7, 9]]
+
+
+@pytest.mark.parametrize(
+    "cpus_by_rank",
+    [
+        [ALL4],  # alone on the node
+        [frozenset({0}), frozenset({1})],  # the launcher bound them (Open MPI, srun)
+        [frozenset({0, 1}), frozenset({0, 1}), frozenset({0, 1})],  # more ranks than CPUs
+    ],
+)
+def test_left_alone(cpus_by_rank):
+    assert all(share(r, cpus_by_rank) is None for r in range(len(cpus_by_rank)))
+
+
+JOB = """
+import json, os, sys, threading, time
+started = threading.Event()
+
+def idle():  # a thread that exists before the rank binds (as BLAS pools do)
+    started.set()
+    time.sleep(30)
+
+t = threading.Thread(target=idle, daemon=True)
+t.start()
+started.wait()
+import taskgraph as tg
+from taskgraph import affinity, config
+
+c = tg.Cluster()
+with affinity.whole_node():
+    widened = sorted(os.sched_getaffinity(0))
+out = {
+    "rank": c.rank,
+    "bound": c.world.bound_cpus,
+    "main": sorted(os.sched_getaffinity(0)),
+    "earlier_thread": sorted(os.sched_getaffinity(t.native_id)),
+    "widened": widened,
+    "cores": config.cores(),
+    "workers": c.workers,
+}
+rows = c.world.allgather(out)
+if c.rank == 0:
+    print("ROWS " + json.dumps(rows))
+"""
+
+
+def job_rows(mpirun, tmp_path, env=None) -> list[dict]:
+    script = tmp_path / "where.py"
+    script.write_text(textwrap.dedent(JOB))
+    proc = mpirun(2, [str(script)], timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ROWS "))
+    return json.loads(line[5:])
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_two_unbound_ranks_take_a_core_each_with_every_thread(mpirun, tmp_path):
+    node = sorted(os.sched_getaffinity(0))
+    if len(node) < 2:
+        pytest.skip("one CPU: two ranks are left to share it")
+    rows = job_rows(mpirun, tmp_path)
+    assert [r["bound"] for r in rows] == [share(i, [frozenset(node)] * 2) for i in (0, 1)]
+    for r in rows:
+        assert r["main"] == r["bound"] and r["earlier_thread"] == r["bound"]
+        # what "cores" means does not change: the node's, for workers and labels
+        assert r["widened"] == node and r["cores"] == len(node)
+        assert r["workers"] == max(1, len(node) // 2)
+    assert not set(rows[0]["main"]) & set(rows[1]["main"])
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_taskgraph_bind_0_leaves_ranks_unbound(mpirun, tmp_path):
+    node = sorted(os.sched_getaffinity(0))
+    rows = job_rows(mpirun, tmp_path, env={"TASKGRAPH_BIND": "0"})
+    assert all(r["bound"] is None and r["main"] == node for r in rows)
