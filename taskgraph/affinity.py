@@ -8,7 +8,11 @@ a run: in a 2-rank ping-pong of 1,000 8-byte hops on 2 cores, 9 runs in 30 took 
 launcher bound none of them), each rank takes an even share of them, with all of its
 threads; when the launcher bound ranks itself (Open MPI does by default, ``srun`` with
 ``--cpu-bind``), when there are fewer CPUs than ranks (oversubscribed: the OS shares
-them better), or with ``TASKGRAPH_BIND=0``, nothing changes.
+them better), under a CPU quota smaller than the CPUs (a container's CFS limit: the
+CPUs are time-shared with other users, whose ranks would be bound to the same ones),
+or with ``TASKGRAPH_BIND=0``, nothing changes. Two jobs started at once on one node
+would bind their ranks to the same CPUs, as Open MPI's default binding does: set
+``TASKGRAPH_BIND=0`` for them.
 
 :func:`share` is the decision (pure); :func:`bind` carries it out, and
 :func:`node_cpus` still answers with the CPUs the rank had before, so that "cores on
@@ -22,21 +26,65 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 _before: frozenset[int] | None = None  # this process's CPUs before bind(), if it bound
 
 
-def share(local_rank: int, cpus_by_rank: Sequence[frozenset[int]]) -> list[int] | None:
+def share(
+    local_rank: int, cpus_by_rank: Sequence[frozenset[int]], quota: float | None = None
+) -> list[int] | None:
     """The CPUs local rank ``local_rank`` should keep, given every local rank's CPUs
-    now, or None to leave the binding as it is."""
+    now and the CPU quota (in CPUs, None if none), or None to leave them as they are."""
     size = len(cpus_by_rank)
     if size < 2 or any(c != cpus_by_rank[0] for c in cpus_by_rank):
         return None  # alone on the node, or the launcher bound the ranks already
     cpus = sorted(cpus_by_rank[0])
     if len(cpus) < size:
         return None  # more ranks than CPUs: let the OS share them out
+    if quota is not None and quota < len(cpus):
+        return None  # time-shared CPUs: other containers' ranks would get the same ones
     lo, hi = local_rank * len(cpus) // size, (local_rank + 1) * len(cpus) // size
     return cpus[lo:hi]
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """CPUs' worth of a cgroup v2 ``cpu.max`` ("200000 100000": 2.0; "max ...": None)."""
+    quota, _, period = text.strip().partition(" ")
+    if quota == "max" or not period:
+        return None
+    return int(quota) / int(period)
+
+
+def parse_cfs(quota: str, period: str) -> float | None:
+    """CPUs' worth of a cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: None)."""
+    q = int(quota.strip())
+    return None if q < 0 else q / int(period.strip())
+
+
+def cpu_quota() -> float | None:
+    """The CPU time this process's cgroup may use, in CPUs; None without a limit."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    root = Path("/sys/fs/cgroup")
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        with contextlib.suppress(OSError, ValueError):
+            if controllers == "":  # cgroup v2
+                for d in (root / rel, root):
+                    if (d / "cpu.max").exists():
+                        return parse_cpu_max((d / "cpu.max").read_text())
+            elif "cpu" in controllers.split(","):  # cgroup v1
+                for d in (root / controllers / rel, root / "cpu" / rel, root / "cpu"):
+                    if (d / "cpu.cfs_quota_us").exists():
+                        return parse_cfs(
+                            (d / "cpu.cfs_quota_us").read_text(),
+                            (d / "cpu.cfs_period_us").read_text(),
+                        )
+    return None
 
 
 def current() -> frozenset[int]:

@@ -357,7 +357,9 @@ class World:
 
         if not config.bind():
             return None
-        cpus = affinity.share(node.Get_rank(), node.allgather(affinity.current()))
+        cpus = affinity.share(
+            node.Get_rank(), node.allgather(affinity.current()), affinity.cpu_quota()
+        )
         if cpus is not None:
             affinity.bind(cpus)
         return cpus

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from taskgraph.affinity import share
+from taskgraph.affinity import cpu_quota, parse_cfs, parse_cpu_max, share
 
 ALL4 = frozenset({0, 1, 2, 3})
 
@@ -30,6 +30,22 @@ def test_unbound_ranks_split_the_cpus_evenly_and_disjointly():
 )
 def test_left_alone(cpus_by_rank):
     assert all(share(r, cpus_by_rank) is None for r in range(len(cpus_by_rank)))
+
+
+def test_a_cpu_quota_below_the_cpus_leaves_ranks_unbound():
+    # a container limited to 2 CPUs' time on a 4-CPU node: other containers see the
+    # same CPUs, and their ranks would be bound to the same ones
+    assert share(0, [ALL4, ALL4], quota=2.0) is None
+    assert share(1, [ALL4, ALL4], quota=4.0) == [2, 3]
+
+
+def test_cgroup_quota_files_parse():
+    assert parse_cpu_max("max 100000\n") is None
+    assert parse_cpu_max("250000 100000\n") == 2.5
+    assert parse_cfs("-1\n", "100000\n") is None
+    assert parse_cfs("50000", "100000") == 0.5
+    quota = cpu_quota()  # this machine's, whatever it is: a number of CPUs or none
+    assert quota is None or quota > 0
 
 
 JOB = """
