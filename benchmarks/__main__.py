@@ -14,7 +14,18 @@ import json
 import time
 from pathlib import Path
 
-SUITES = ["cholesky", "tiles", "overhead", "micro", "comm", "hops", "cma", "graphsize", "tracing"]
+SUITES = [
+    "cholesky",
+    "tiles",
+    "overhead",
+    "micro",
+    "comm",
+    "hops",
+    "cma",
+    "binding",
+    "graphsize",
+    "tracing",
+]
 RESULTS = Path(__file__).parent / "results"
 
 

@@ -32,10 +32,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 import taskgraph as tg
-from benchmarks.comm import best_step, chain_seconds, ping_pong, raw_loop, raw_one_way, short_of
+from benchmarks.comm import (
+    best_step,
+    chain_seconds,
+    ping_pong,
+    raw_buffers,
+    raw_loop,
+    raw_one_way,
+    short_of,
+)
 from benchmarks.common import emit, job_env
 from taskgraph import config
 from taskgraph.graph import INITIAL
@@ -73,8 +79,7 @@ def breakdown(run) -> dict:
 
 def measure(cluster, nbytes: int, hops: int) -> dict | None:
     X, graphs, plans = ping_pong(nbytes, hops)
-    n = max(1, nbytes // 8)
-    buf, other = np.ones(n), np.ones(n)
+    buf, other = raw_buffers(max(1, nbytes // 8))
     comm = cluster.world.comm
     raw_one_way(comm, buf, other, 50)  # warm
     for g, p in zip(graphs, plans):

@@ -287,6 +287,26 @@ def comm_section(rows: list[Row]) -> str:
                 ("5 µs / blocking", "polled_5us_vs_blocking"),
             ],
         )
+    if of(rows, "binding"):
+        s += (
+            "\nRanks bound to cores of their own (`python -m benchmarks binding`): runs of a "
+            "1,000-hop 8 B chain in 2-rank jobs of MPICH's `mpiexec`, with "
+            "`TASKGRAPH_BIND=0` (unbound) and by default (each rank binds itself); slow "
+            "runs took more than twice the fastest:\n\n"
+        )
+        s += table(
+            of(rows, "binding"),
+            [
+                ("TASKGRAPH_BIND", "bind"),
+                ("CPUs of each rank", lambda r: r["bound_cpus"] if any(r["bound_cpus"]) else "all"),
+                ("runs", "runs"),
+                ("min ms", "min_ms"),
+                ("median ms", "median_ms"),
+                ("p90 ms", "p90_ms"),
+                ("max ms", "max_ms"),
+                ("slow runs", "slow_runs"),
+            ],
+        )
     return s
 
 

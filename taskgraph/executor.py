@@ -59,7 +59,7 @@ from collections import deque
 import numpy as np
 
 from . import comm as commlib
-from . import config
+from . import config, memory
 from .errors import RemoteTraceback, RunError, TaskError
 from .graph import INITIAL, Graph, Ref
 from .plan import CONTROL_TAG, Message, RankPlan
@@ -132,6 +132,7 @@ class BufferPool:
         self._dtypes: dict[str, np.dtype] = {}
         self.allocated = 0  # buffers ever made
         self.handed_out = 0  # buffers ever handed out
+        self._slabs = memory.Slabs()  # large ones on huge pages (see taskgraph.memory)
 
     def get(self, shape: tuple, dtype: str) -> np.ndarray:
         self.handed_out += 1
@@ -142,7 +143,7 @@ class BufferPool:
         if stack:
             return stack.pop()
         self.allocated += 1
-        return np.empty(shape, dt, order="F")
+        return self._slabs.new(shape, dt)
 
     def put(self, arr: np.ndarray) -> None:
         key = (arr.shape, arr.dtype)
