@@ -250,6 +250,7 @@ def comm_section(rows: list[Row]) -> str:
             ("raw mpi4py µs", "raw_latency_us"),
             ("latency ratio", "latency_ratio"),
             ("raw, polled µs", "raw_polled_us"),
+            ("raw, NumPy arrays µs", "raw_numpy_us"),
             ("MiB/s", "bandwidth_mib_s"),
             ("raw MiB/s", "raw_bandwidth_mib_s"),
             ("bandwidth fraction", "bandwidth_fraction"),
