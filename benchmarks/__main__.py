@@ -22,6 +22,7 @@ SUITES = [
     "comm",
     "hops",
     "cma",
+    "pages",
     "binding",
     "graphsize",
     "tracing",

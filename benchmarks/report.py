@@ -288,6 +288,26 @@ def comm_section(rows: list[Row]) -> str:
                 ("5 µs / blocking", "polled_5us_vs_blocking"),
             ],
         )
+    if of(rows, "pages"):
+        s += (
+            "\nWhy tiles live on huge pages (`python -m benchmarks pages`, raw mpi4py): "
+            "one-way µs of a two-buffer ping-pong on NumPy's arrays, on 4 KiB pages only, "
+            "and on 2 MiB-aligned huge-page blocks as the runtime's tiles are:\n\n"
+        )
+        s += table(
+            of(rows, "pages"),
+            [
+                ("bytes", "bytes"),
+                ("NumPy arrays µs", "numpy_us"),
+                ("4 KiB pages µs", "small_pages_us"),
+                ("huge pages µs", "huge_pages_us"),
+                (
+                    "huge pages each rank got, NumPy / huge (MiB)",
+                    lambda r: f"{r['numpy_anon_huge_mib']} / {r['huge_pages_anon_huge_mib']}",
+                ),
+                ("NumPy / huge", "huge_vs_numpy"),
+            ],
+        )
     if of(rows, "binding"):
         s += (
             "\nRanks bound to cores of their own (`python -m benchmarks binding`): runs of a "

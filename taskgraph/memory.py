@@ -2,12 +2,11 @@
 
 Between ranks on one node, a large message moves in one copy (cross-memory attach:
 the receiver reads the sender's pages), and that copy walks both processes' page
-tables: with 4 KiB pages it ran at about 15 GB/s here, with 2 MiB pages at 36-59.
-NumPy asks for huge pages only for arrays of 4 MiB and more, and only the 2 MiB-aligned
-stretches of one get them, so which tiles got them was luck: a raw mpi4py ping-pong of
-4 MiB NumPy arrays took 160 us a message in one job and 257 in the next (AnonHugePages
-4 MiB and 2 MiB a rank), and 71 with the same arrays 2 MiB-aligned
-(``python -m benchmarks comm`` reports both raw figures). So:
+tables: a raw mpi4py ping-pong of 1 MiB took 22.8 us a message on 2 MiB pages and 72
+on 4 KiB ones, of 4 MiB 80 against 281 (``python -m benchmarks pages``). NumPy asks
+for huge pages only for arrays of 4 MiB and more, and only the 2 MiB-aligned stretches
+of one get them, so which tiles got them was luck (NumPy's 4 MiB arrays: 176 us in one
+job, 81 in another). So:
 
 * :func:`empty_many`: the tiles a rank owns in a matrix are carved from one block,
   2 MiB-aligned and advised for huge pages (``madvise(MADV_HUGEPAGE)``), when they add
