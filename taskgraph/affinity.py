@@ -2,11 +2,12 @@
 
 MPICH's ``mpiexec`` (the ``mpich`` wheel's, and hydra generally) starts ranks unbound,
 and Linux then sometimes runs two ranks' polling threads on one core for the whole of
-a run: in a 2-rank ping-pong of 1,000 8-byte hops on 2 cores, 9 runs in 30 took about
-30 ms instead of 5.3 (a hop of 30 us instead of 5), and none did with
-``mpiexec -bind-to core``. So when every rank on a node was given the same CPUs (the
-launcher bound none of them), each rank takes an even share of them, with all of its
-threads; when the launcher bound ranks itself (Open MPI does by default, ``srun`` with
+a run: in a 2-rank ping-pong of 1,000 8-byte hops on 2 cores, 9 runs in 30 took 5-6
+times as long as the fastest (a hop of ~30 us instead of 5), and none did with
+``mpiexec -bind-to core`` or with the binding below (``python -m benchmarks
+binding``). So when every rank on a node was given the same CPUs (the launcher bound
+none of them), each rank takes an even share of them, with all of its threads; when
+the launcher bound ranks itself (Open MPI does by default, ``srun`` with
 ``--cpu-bind``), when there are fewer CPUs than ranks (oversubscribed: the OS shares
 them better), under a CPU quota smaller than the CPUs (a container's CFS limit: the
 CPUs are time-shared with other users, whose ranks would be bound to the same ones),
