@@ -71,7 +71,10 @@ def cpu_quota() -> float | None:
         return None
     root = Path("/sys/fs/cgroup")
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
         rel = path.lstrip("/")
         with contextlib.suppress(OSError, ValueError):
             if controllers == "":  # cgroup v2
