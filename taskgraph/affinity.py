@@ -6,8 +6,9 @@ a run: in a 2-rank ping-pong of 1,000 8-byte hops on 2 cores, 9 runs in 30 took 
 times as long as the fastest (a hop of ~30 us instead of 5), and none did with
 ``mpiexec -bind-to core`` or with the binding below (``python -m benchmarks
 binding``). So when every rank on a node was given the same CPUs (the launcher bound
-none of them), each rank takes an even share of them, with all of its threads; when
-the launcher bound ranks itself (Open MPI does by default, ``srun`` with
+none of them, or bound them all to the same CPUs, e.g. all to one socket), each rank
+takes an even share of them, whole cores together, with all of its threads; when the
+launcher bound ranks to different CPUs itself (Open MPI does by default, ``srun`` with
 ``--cpu-bind``), when there are fewer CPUs than ranks (oversubscribed: the OS shares
 them better), under a CPU quota smaller than the CPUs (a container's CFS limit: the
 CPUs are time-shared with other users, whose ranks would be bound to the same ones),
@@ -26,27 +27,47 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 _before: frozenset[int] | None = None  # this process's CPUs before bind(), if it bound
 
 
 def share(
-    local_rank: int, cpus_by_rank: Sequence[frozenset[int]], quota: float | None = None
+    local_rank: int,
+    cpus_by_rank: Sequence[frozenset[int]],
+    quota: float | None = None,
+    key: Callable[[int], tuple] | None = None,
 ) -> list[int] | None:
     """The CPUs local rank ``local_rank`` should keep, given every local rank's CPUs
-    now and the CPU quota (in CPUs, None if none), or None to leave them as they are."""
+    now and the CPU quota (in CPUs, None if none), or None to leave them as they are.
+    ``key`` orders the CPUs before they are cut into shares (:func:`topology_key`:
+    by socket and core, so that a rank gets whole cores and a socket's are kept
+    together; by number without it)."""
     size = len(cpus_by_rank)
     if size < 2 or any(c != cpus_by_rank[0] for c in cpus_by_rank):
         return None  # alone on the node, or the launcher bound the ranks already
-    cpus = sorted(cpus_by_rank[0])
+    cpus = sorted(cpus_by_rank[0], key=key or (lambda c: (0, 0, c)))
     if len(cpus) < size:
         return None  # more ranks than CPUs: let the OS share them out
     if quota is not None and quota < len(cpus):
         return None  # time-shared CPUs: other containers' ranks would get the same ones
     lo, hi = local_rank * len(cpus) // size, (local_rank + 1) * len(cpus) // size
     return cpus[lo:hi]
+
+
+def topology_key(root: Path = Path("/sys/devices/system/cpu")) -> Callable[[int], tuple]:
+    """Orders CPUs by (socket, core, number), read from sysfs: where hyperthread
+    siblings are numbered apart (0 and 48), or sockets alternate, cutting the list by
+    number would give two ranks the two halves of the same cores."""
+
+    def read(cpu: int, name: str) -> int:
+        try:
+            return int((root / f"cpu{cpu}" / "topology" / name).read_text())
+        except (OSError, ValueError):
+            return 0
+
+    return lambda cpu: (read(cpu, "physical_package_id"), read(cpu, "core_id"), cpu)
 
 
 def parse_cpu_max(text: str) -> float | None:
@@ -76,7 +97,7 @@ def cpu_quota() -> float | None:
             continue
         _, controllers, path = parts
         rel = path.lstrip("/")
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, ArithmeticError):
             if controllers == "":  # cgroup v2
                 for d in (root / rel, root):
                     if (d / "cpu.max").exists():
@@ -107,24 +128,37 @@ def node_cpus() -> frozenset[int]:
 def _set_all_threads(cpus: frozenset[int] | Sequence[int]) -> None:
     """Every thread of this process onto ``cpus`` (threads started later inherit the
     mask of the thread that starts them). BLAS pools started at import are threads
-    too: left out, they would run beside the ranks' workers on any core."""
+    too: left out, they would run beside the ranks' workers on any core. The calling
+    thread first, and its failure raises (OSError)."""
+    os.sched_setaffinity(0, cpus)
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
-        tids = [0]
+        return
     for tid in tids:
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, cpus)
 
 
-def bind(cpus: Sequence[int]) -> None:
-    """Keep this process (all its threads) on ``cpus``."""
+def can_bind() -> bool:
+    return hasattr(os, "sched_setaffinity")
+
+
+def bind(cpus: Sequence[int]) -> bool:
+    """Keep this process (all its threads) on ``cpus``; False if this OS cannot, or
+    this process may not (then nothing changed)."""
     global _before
-    if not hasattr(os, "sched_setaffinity"):
-        return
+    if not can_bind():
+        return False
+    before = current()
+    try:
+        _set_all_threads(cpus)
+    except OSError:
+        _set_all_threads(before)
+        return False
     if _before is None:
-        _before = current()
-    _set_all_threads(cpus)
+        _before = before
+    return True
 
 
 @contextlib.contextmanager

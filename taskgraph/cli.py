@@ -47,9 +47,11 @@ def _run(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.ranks < 1:
         p.error("-n must be at least 1")
-    if not Path(args.script).is_file():
+    if not Path(args.script).exists():
         print(f"taskgraph run: no such script: {args.script}", file=sys.stderr)
         return 2
+    if args.script.startswith("-"):  # not an option of mpi4py's runner
+        args.script = f"./{args.script}"
     if not convert.is_notebook(args.script):
         return _launch(args.ranks, script_argv(args.script, args.args), args.timeout)
     with tempfile.TemporaryDirectory(prefix="taskgraph-run-") as tmp:

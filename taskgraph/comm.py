@@ -355,16 +355,15 @@ class World:
         rank on all of them (:mod:`taskgraph.affinity`); the CPUs, or None."""
         from . import affinity
 
-        if not config.bind():
+        # every rank takes part in the allgather, whatever its own settings say: a
+        # rank that skipped it would leave the others waiting
+        everyone = node.allgather(affinity.current())
+        if not config.bind() or not affinity.can_bind():
             return None
-        cpus = affinity.share(
-            node.Get_rank(), node.allgather(affinity.current()), affinity.cpu_quota()
-        )
-        if cpus is not None:
-            try:
-                affinity.bind(cpus)
-            except OSError:  # not allowed here (a sandbox): run unbound
-                return None
+        key = affinity.topology_key()
+        cpus = affinity.share(node.Get_rank(), everyone, affinity.cpu_quota(), key)
+        if cpus is None or not affinity.bind(cpus):  # (not allowed here: run unbound)
+            return None
         return cpus
 
     def network(self) -> Network:

@@ -12,8 +12,9 @@ job, 81 in another). So:
   2 MiB-aligned and advised for huge pages (``madvise(MADV_HUGEPAGE)``), when they add
   up to ``BLOCK_MIN`` or more; each tile is its own Fortran-ordered array, 64-byte
   aligned, and the block lives as long as any of them.
-* :class:`Slabs`: receive buffers of one shape and dtype from ``SLAB_MIN`` up are
-  carved from 2 MiB-aligned slabs (a buffer of 2 MiB or more gets a block of its own).
+* :class:`Slabs`: receive buffers from ``SLAB_MIN`` up are carved from 2 MiB-aligned
+  slabs, shared by all shapes (a buffer of 2 MiB or more gets a block of its own,
+  rounded up to whole huge pages).
 
 Smaller arrays are plain NumPy arrays: a huge page for a few KiB would only waste
 memory. Where the kernel gives no huge pages (THP off, none free), the blocks are
@@ -84,11 +85,13 @@ def empty_many(shapes: Sequence[tuple], dtype) -> list[np.ndarray]:
 
 
 class Slabs:
-    """Buffers of one shape and dtype each, carved one at a time from huge-page slabs
-    (nothing is touched until a buffer is used)."""
+    """Buffers carved one at a time from huge-page slabs, all shapes and dtypes from
+    the same open slab (one 80 KiB buffer must not commit a 2 MiB page of its own);
+    nothing is touched until a buffer is used."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple, tuple[np.ndarray, int]] = {}  # key -> (slab, next offset)
+        self._slab: np.ndarray | None = None
+        self._offset = 0  # of the next buffer in it
 
     def new(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
         nbytes = _nbytes(shape, dtype)
@@ -96,10 +99,9 @@ class Slabs:
             return np.empty(shape, dtype, order="F")
         if nbytes >= HUGE_PAGE:
             return carve(huge_block(nbytes), 0, shape, dtype)
-        key = (shape, dtype)
-        slab, offset = self._open.get(key, (None, 0))
         size = _round(nbytes, ALIGN)
-        if slab is None or offset + size > slab.nbytes:
-            slab, offset = huge_block(HUGE_PAGE), 0
-        self._open[key] = (slab, offset + size)
-        return carve(slab, offset, shape, dtype)
+        if self._slab is None or self._offset + size > self._slab.nbytes:
+            self._slab, self._offset = huge_block(HUGE_PAGE), 0
+        out = carve(self._slab, self._offset, shape, dtype)
+        self._offset += size
+        return out

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from taskgraph.affinity import cpu_quota, parse_cfs, parse_cpu_max, share
+from taskgraph import affinity
+from taskgraph.affinity import cpu_quota, parse_cfs, parse_cpu_max, share, topology_key
 
 ALL4 = frozenset({0, 1, 2, 3})
 
@@ -30,6 +31,37 @@ def test_unbound_ranks_split_the_cpus_evenly_and_disjointly():
 )
 def test_left_alone(cpus_by_rank):
     assert all(share(r, cpus_by_rank) is None for r in range(len(cpus_by_rank)))
+
+
+def test_shares_keep_hyperthread_siblings_and_sockets_together(tmp_path):
+    # 2 sockets x 2 cores x 2 threads, numbered as Intel does: siblings 4 apart
+    layout = {
+        0: (0, 0),
+        1: (0, 1),
+        2: (1, 0),
+        3: (1, 1),
+        4: (0, 0),
+        5: (0, 1),
+        6: (1, 0),
+        7: (1, 1),
+    }
+    for cpu, (package, core) in layout.items():
+        d = tmp_path / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(f"{package}\n")
+        (d / "core_id").write_text(f"{core}\n")
+    key = topology_key(tmp_path)
+    every = [frozenset(range(8))] * 2
+    assert [share(r, every, key=key) for r in (0, 1)] == [[0, 4, 1, 5], [2, 6, 3, 7]]
+    # by number, rank 0 would have had both sockets' first threads: [0, 1, 2, 3]
+    assert share(0, every) == [0, 1, 2, 3]
+    assert topology_key(tmp_path / "nowhere")(3) == (0, 0, 3)  # no sysfs: by number
+
+
+def test_a_binding_the_os_refuses_changes_nothing_and_says_so():
+    before = affinity.current()
+    assert affinity.bind([max(before) + 4096]) is False  # a CPU this machine lacks
+    assert affinity.current() == before and affinity.node_cpus() == before
 
 
 def test_a_cpu_quota_below_the_cpus_leaves_ranks_unbound():

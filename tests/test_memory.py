@@ -72,6 +72,10 @@ def test_receive_buffers_come_from_slabs_one_at_a_time():
     assert not any(
         lo < hi2 and lo2 < hi for (lo, hi), (lo2, hi2) in zip(spans(many), spans(many)[1:])
     )
+    # other shapes and dtypes share the open slab: no 2 MiB page for each
+    c = slabs.new((200, 100), np.dtype(np.float32))  # 78 KiB
+    d = slabs.new((128, 128), dt)
+    assert d.ctypes.data == c.ctypes.data + memory._round(c.nbytes, memory.ALIGN)
     big = slabs.new((1024, 512), dt)  # 4 MiB: a block of its own
     assert big.ctypes.data % memory.HUGE_PAGE == 0 and big.flags.f_contiguous
     assert slabs.new((8, 8), dt).base is None  # tiny: plain NumPy
