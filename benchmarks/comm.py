@@ -117,16 +117,11 @@ def raw_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
     return time.perf_counter() - t0  # all round trips
 
 
-def polled_one_way(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
-    """Seconds per one-way message of a ping-pong of ``Isend``/``Irecv`` completed by
-    ``Test`` in a Python loop (steady state, as :func:`raw_one_way`): not the target's
-    baseline (that is ``Send``/``Recv``), reported beside it because it is the faster
-    of the two with the mpich wheel here (about 1 us against 1.5-2 for 8 B), and it is
-    how the runtime itself waits."""
-    return steady(lambda n: polled_loop(comm, out, into, n), trips) / 2
-
-
 def polled_loop(comm, out: np.ndarray, into: np.ndarray, trips: int) -> float:
+    """Seconds of ``trips`` round trips of a ping-pong of ``Isend``/``Irecv`` completed
+    by ``Test`` in a Python loop: not the target's baseline (that is ``Send``/``Recv``),
+    reported beside it because it is the faster of the two with the mpich wheel here
+    (about 1 us against 1.5-2 for 8 B), and it is how the runtime itself waits."""
     peer = 1 - comm.Get_rank()
     comm.Barrier()
     t0 = time.perf_counter()

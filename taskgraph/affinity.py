@@ -164,7 +164,7 @@ def bind(cpus: Sequence[int]) -> bool:
 @contextlib.contextmanager
 def whole_node() -> Iterator[None]:
     """Every thread of this process on all of :func:`node_cpus` meanwhile."""
-    if _before is None or not hasattr(os, "sched_setaffinity"):
+    if _before is None or not can_bind():
         yield
         return
     bound = current()

@@ -358,11 +358,11 @@ class World:
         # every rank takes part in the allgather, whatever its own settings say: a
         # rank that skipped it would leave the others waiting
         everyone = node.allgather(affinity.current())
-        if not config.bind() or not affinity.can_bind():
+        if not config.bind():
             return None
         key = affinity.topology_key()
         cpus = affinity.share(node.Get_rank(), everyone, affinity.cpu_quota(), key)
-        if cpus is None or not affinity.bind(cpus):  # (not allowed here: run unbound)
+        if cpus is None or not affinity.bind(cpus):  # (not here, or not allowed: unbound)
             return None
         return cpus
 

@@ -23,6 +23,7 @@ ordinary memory and nothing else changes.
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections.abc import Sequence
 
@@ -58,10 +59,7 @@ def huge_block(nbytes: int) -> np.ndarray:
 
 
 def _nbytes(shape: Sequence[int], dtype: np.dtype) -> int:
-    n = dtype.itemsize
-    for s in shape:
-        n *= int(s)
-    return n
+    return math.prod(int(s) for s in shape) * dtype.itemsize
 
 
 def carve(block: np.ndarray, offset: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
