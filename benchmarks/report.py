@@ -254,6 +254,8 @@ def comm_section(rows: list[Row]) -> str:
             ("MiB/s", "bandwidth_mib_s"),
             ("raw MiB/s", "raw_bandwidth_mib_s"),
             ("bandwidth fraction", "bandwidth_fraction"),
+            ("raw, one buffer µs", "raw_same_buffer_us"),
+            ("fraction of one buffer", "bandwidth_fraction_same_buffer"),
         ],
     )
     s += "\nWhere a hop goes (`python -m benchmarks hops`, medians from the run's trace):\n\n"
