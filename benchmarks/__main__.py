@@ -3,7 +3,9 @@
 Suites run one after another (never in parallel: they measure the machine), each
 result is printed as a JSON line, and ``all`` writes ``DIR/<suite>.json`` and then the
 report (``DIR/README.md`` with tables, and PNG plots). ``report`` rebuilds the report
-from the JSON files alone.
+from the JSON files alone. DIR is ``benchmarks/results/``, where the committed full
+run lives, or ``benchmarks/results/quick/`` (not committed) for ``--quick``: a
+newcomer's first quick run must not write over the full run's results.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ SUITES = [
 RESULTS = Path(__file__).parent / "results"
 
 
+def out_dir(out: Path | None, quick: bool) -> Path:
+    """Where results go: ``--out`` if given, else the committed full run's folder, or
+    a folder of its own for quick runs."""
+    if out is not None:
+        return out
+    return RESULTS / "quick" if quick else RESULTS
+
+
 def run_suite(name: str, quick: bool) -> list[dict]:
     module = importlib.import_module(f"benchmarks.{name}")
     return module.run(quick=quick)
@@ -39,8 +49,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["all", "report", *SUITES])
     p.add_argument("--quick", action="store_true", help="small sizes: all of it in < 10 min")
-    p.add_argument("--out", type=Path, default=RESULTS, help="where results go")
+    p.add_argument(
+        "--out", type=Path, help="where results go (default results/, --quick: results/quick/)"
+    )
     args = p.parse_args(argv)
+    args.out = out_dir(args.out, args.quick)
     if args.what == "report":
         from benchmarks.report import write_report
 
