@@ -1,0 +1,32 @@
+"""The benchmark suite's own decisions: which baseline a figure is held to, and where
+a run's results go (the committed full run must survive a newcomer's quick run)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not installed
+
+from benchmarks import comm
+from benchmarks.__main__ import RESULTS, out_dir
+
+
+def test_the_bandwidth_baseline_is_a_two_buffer_ping_pong_never_the_one_buffer_one():
+    # one buffer far faster (its working set in cache): still not the baseline
+    assert comm.baseline(same=500.0, two=1000.0, numpy=1020.0) == 1000.0
+    assert comm.baseline(same=3600.0, two=1090.0, numpy=1086.0) == 1086.0
+
+
+def test_a_quick_run_writes_beside_the_committed_full_run_not_over_it():
+    assert out_dir(None, quick=False) == RESULTS
+    assert out_dir(None, quick=True) == RESULTS / "quick"
+    assert out_dir(None, quick=True) != RESULTS
+    assert out_dir(Path("elsewhere"), quick=True) == Path("elsewhere")
+
+
+def test_quick_results_are_ignored_by_git():
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "benchmarks/results/quick/" in ignored
