@@ -3,7 +3,8 @@
 Each public name is a :class:`taskgraph.kernel.Kernel`: called on NumPy tiles it runs
 at once; called on tile accesses inside ``with tg.Graph():`` it records a task. The
 numerics live in :mod:`.cholesky` (jitted inner functions calling SciPy's BLAS and
-LAPACK without the GIL, behind validating wrappers); this module only declares them.
+LAPACK without the GIL, behind validating wrappers); this module only declares them,
+``nogil=True``: a wrapper's own Python is short beside the call it makes.
 
 Tiles are column-major (Fortran-ordered) float32 or float64 arrays, or strided
 column-major views of one. The kernels know nothing of ranks or MPI.
@@ -44,6 +45,7 @@ potrf = Kernel(
     dtypes=_DTYPES,
     flops=lambda n: n**3 / 3,
     compile=_compiler("potrf"),
+    nogil=True,
 )
 
 trsm = Kernel(
@@ -54,6 +56,7 @@ trsm = Kernel(
     dtypes=_DTYPES,
     flops=lambda m, k: m * k * k,
     compile=_compiler("trsm"),
+    nogil=True,
 )
 
 syrk = Kernel(
@@ -64,6 +67,7 @@ syrk = Kernel(
     dtypes=_DTYPES,
     flops=lambda m, k: m * m * k,
     compile=_compiler("syrk"),
+    nogil=True,
 )
 
 gemm = Kernel(
@@ -74,6 +78,7 @@ gemm = Kernel(
     dtypes=_DTYPES,
     flops=lambda m, n, k: 2 * m * n * k,
     compile=_compiler("gemm"),
+    nogil=True,
 )
 
 CHOLESKY_KERNELS = (potrf, trsm, syrk, gemm)

@@ -21,9 +21,10 @@ hands work to another. While a worker polls, the progress thread sleeps (up to
 ``POLLED_SLEEP``): the worker wakes it when it starts a long task (``LONG_TASK``
 flops) or stops polling, so that transfers go on while every worker computes.
 Receives are posted ahead up to a byte budget small enough to stay in cache.
-With several workers and short tasks (under ``SHORT_TASK`` on average), one worker
-runs them and the others park (:meth:`Executor._park`): Python runs one thread at a
-time, so more workers on tiny tasks only pass the lock and the GIL around.
+With several workers and short tasks (on average under :func:`short_task_limit`: 50
+µs, or 20 µs where every task is a kernel that runs without the GIL), one worker runs
+them and the others park (:meth:`Executor._park`): Python runs one thread at a time,
+so more workers on tiny tasks only pass the lock and the GIL around.
 
 Task states move WAITING -> READY -> RUNNING -> DONE (or FAILED), through
 :meth:`Executor._move` (or its check, inline, on a message's path). A task is READY
@@ -72,6 +73,14 @@ LONG_TASK = 4e6  # flops: a worker starting a longer task hands polling to that 
 # time handing the lock and the GIL to each other (independent empty tasks: 11 us a
 # task on 2 workers against 5 on 1)
 SHORT_TASK = 50e-6
+# ... and this, where every task is a kernel that runs without the GIL: two workers
+# then overlap one's kernel with the other's bookkeeping. Independent 64x64 GEMM
+# tasks (33 us) on 2 workers, the limits alternating in one process, best of 4, two
+# runs: 0.45 and 0.45 of the ideal time with 50 us, 0.63 and 0.73 with 20 us (a plain
+# thread pool: 0.9); 32x32 (9 us) 0.27 and 0.24 with 50 us, 0.26 and 0.26 with 20 us.
+# With 15 us, 32x32 lost 7-11 % in three runs: its tasks, with their wrapper, are near
+# that limit, and the workers took turns at them
+SHORT_KERNEL = 20e-6
 PARK = 200e-6  # a parked worker looks again this often, and helps with a task this old
 
 
@@ -100,6 +109,13 @@ def _take(done: list[int], handles: list, entries: list) -> list:
     handles[:] = [h for i, h in enumerate(handles) if i not in keep]
     entries[:] = [e for i, e in enumerate(entries) if i not in keep]
     return taken
+
+
+def short_task_limit(fns) -> float:
+    """The mean task time under which one worker of a rank runs the tasks while the
+    others park, for a rank whose tasks call ``fns``: ``SHORT_KERNEL`` if every one
+    is a kernel that runs without the GIL (``nogil``), else ``SHORT_TASK``."""
+    return SHORT_KERNEL if all(getattr(fn, "nogil", False) for fn in fns) else SHORT_TASK
 
 
 @contextlib.contextmanager
@@ -253,6 +269,11 @@ class Executor:
         self.trace_parts: list | None = None
         # tasks long enough that the progress thread should poll while they run
         self._long = {t for t in plan.tasks if graph.tasks[t].cost >= LONG_TASK}
+        self.short_task = (
+            short_task_limit({graph.tasks[t].fn for t in plan.tasks})
+            if self.nworkers > 1
+            else SHORT_TASK  # (one worker never parks)
+        )
         for t in plan.tasks:
             if self.waits[t] == 0:
                 self._make_ready(t)
@@ -312,7 +333,7 @@ class Executor:
                     waits[index][0 if on_network else 1] += now() - t_idle
                 if self.stopping:
                     return
-                if self._running and self.mean_task < SHORT_TASK and self._park(index):
+                if self._running and self.mean_task < self.short_task and self._park(index):
                     continue  # another worker ran the tasks meanwhile: look again
                 t = self.in_order[heapq.heappop(self.ready)]
                 if self.state[t] != READY:  # (_move's check, inline)
@@ -350,7 +371,7 @@ class Executor:
                 self.started[index] = 0.0
                 # capped: a tiny task that waited for the GIL mid-way must not count as
                 # long (two workers taking turns then kept each other from parking)
-                self.mean_task += 0.1 * (min(end - start, 2 * SHORT_TASK) - self.mean_task)
+                self.mean_task += 0.1 * (min(end - start, 2 * self.short_task) - self.mean_task)
                 self.trace.task(t, index, start, end, TASK_DONE)
                 try:
                     self._finish(t, value, sent)
@@ -376,7 +397,7 @@ class Executor:
         now = self.trace.clock
         t0 = now()
         parked = False
-        while self.ready and not self.stopping and self.mean_task < SHORT_TASK:
+        while self.ready and not self.stopping and self.mean_task < self.short_task:
             busy = [s for s in self.started if s]
             # (its age counted from when this worker began to wait: before, this
             # worker held the GIL, and the other's task may only have waited for it)

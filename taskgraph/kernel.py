@@ -42,8 +42,12 @@ class Kernel:
         dtypes: Sequence | None = None,
         flops: Callable[..., float] | None = None,
         compile: Callable[[np.dtype], None] | None = None,
+        nogil: bool | None = None,
     ):
         self.fn = fn
+        # whether a call runs without the GIL (then two workers of a rank overlap even
+        # short tasks): said by the caller, else a numba function compiled nogil=True
+        self.nogil = releases_gil(fn) if nogil is None else bool(nogil)
         self.name: str = name or str(getattr(fn, "__name__", "kernel"))
         self.modes = parse_modes(modes)
         if isinstance(dims, str):
@@ -120,6 +124,13 @@ class Kernel:
         return time.perf_counter() - t0
 
 
+def releases_gil(fn: Callable) -> bool:
+    """Whether ``fn`` is a numba function compiled with ``nogil=True`` (it runs without
+    the GIL); False for anything else, which may hold it."""
+    options = getattr(fn, "targetoptions", None)
+    return isinstance(options, dict) and bool(options.get("nogil", False))
+
+
 def _check_dims(name: str, dims: Sequence[str], shapes: Sequence[tuple]) -> str:
     sizes: dict[str, tuple[int, int]] = {}
     for i, (spec, shape) in enumerate(zip(dims, shapes)):
@@ -145,12 +156,24 @@ def kernel(
     dtypes: Sequence | None = None,
     flops: Callable[..., float] | None = None,
     compile: Callable[[np.dtype], None] | None = None,
+    nogil: bool | None = None,
 ):
-    """Declare a tile kernel; usable as ``@kernel(modes=...)`` or ``kernel(fn, modes=...)``."""
+    """Declare a tile kernel; usable as ``@kernel(modes=...)`` or ``kernel(fn, modes=...)``.
+
+    ``nogil``: whether the function runs without the GIL (default: True for a numba
+    function compiled with ``nogil=True``, else False). A rank's workers share short
+    tasks only when they do (see :func:`taskgraph.executor.short_task_limit`)."""
 
     def wrap(f: Callable) -> Kernel:
         return Kernel(
-            f, modes=modes, name=name, dims=dims, dtypes=dtypes, flops=flops, compile=compile
+            f,
+            modes=modes,
+            name=name,
+            dims=dims,
+            dtypes=dtypes,
+            flops=flops,
+            compile=compile,
+            nogil=nogil,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -174,6 +174,73 @@ def test_two_workers_share_tasks_that_run_long():
     assert both > 0.5 * 20 * 0.005, both  # ideal: 40 naps of 5 ms in pairs, 0.1 s
 
 
+def spin_kernel(micros: float):
+    """A numba kernel (GIL released) that adds to its tile for about ``micros`` us on
+    this machine, calibrated now, and its loop count."""
+    import time
+
+    import numba
+    import numpy as np
+
+    @numba.njit(nogil=True)
+    def spin(x, n):
+        acc = 0.0
+        for i in range(n):
+            acc += (i % 7) * 1e-9
+        x[0, 0] += acc
+
+    x = np.zeros((1, 1), order="F")
+    spin(x, 10)  # compile
+    t0 = time.perf_counter()
+    spin(x, 1_000_000)
+    per_step = (time.perf_counter() - t0) / 1_000_000
+    return spin, max(1, int(micros * 1e-6 / per_step))
+
+
+@pytest.mark.parametrize("nogil", [True, False])
+def test_two_workers_share_short_kernels_only_where_they_run_without_the_gil(nogil, monkeypatch):
+    """Short kernels that release the GIL overlap on two workers (one's kernel beside
+    the other's bookkeeping), so the workers share them; a function that may hold the
+    GIL stays with one worker, as tiny tasks do (see above). Tasks of ~60 us, 3x the
+    kernels' limit; the other limit raised to 5 ms, so that neither is near a task."""
+    import taskgraph as tg
+    from taskgraph import executor
+
+    monkeypatch.setattr(executor, "SHORT_TASK", 5e-3)
+    spin, steps = spin_kernel(3e6 * executor.SHORT_KERNEL)
+    kernel = tg.kernel(lambda x: spin(x, steps), modes="rw", name="spin", nogil=nogil)
+    X = tg.TiledMatrix.zeros((2000, 1), 1, name="X")
+    with tg.Graph("spin") as g:
+        for _ in range(2):
+            for i in range(2000):
+                kernel(X[i, 0].rw)
+    run = tg.current_cluster().run(g, workers=2).wait()
+    shares = worker_shares(run)
+    if nogil:
+        assert min(shares) > 0.25, shares  # parked under the other limit: ~0.05
+    else:
+        assert max(shares) > 0.7, shares
+
+
+def test_the_short_task_limit_is_lower_only_when_every_task_runs_without_the_gil():
+    import numba
+    from taskgraph.kernels import CHOLESKY_KERNELS
+
+    import taskgraph as tg
+    from taskgraph.executor import SHORT_KERNEL, SHORT_TASK, short_task_limit
+
+    jitted = tg.kernel(numba.njit(nogil=True)(lambda x: None), modes="rw")
+    held = tg.kernel(numba.njit(lambda x: None), modes="rw")  # compiled, GIL kept
+    plain = tg.kernel(lambda x: None, modes="rw")
+    assert (jitted.nogil, held.nogil, plain.nogil) == (True, False, False)
+    assert tg.kernel(lambda x: None, modes="rw", nogil=True).nogil
+    assert all(k.nogil for k in CHOLESKY_KERNELS)
+    assert short_task_limit({*CHOLESKY_KERNELS, jitted}) == SHORT_KERNEL
+    assert short_task_limit({*CHOLESKY_KERNELS, plain}) == SHORT_TASK
+    assert short_task_limit({jitted, lambda: None}) == SHORT_TASK  # a @tg.task function
+    assert SHORT_KERNEL < SHORT_TASK
+
+
 BLAS_LOADED_IN_A_TASK = """
 import sys
 import taskgraph as tg
