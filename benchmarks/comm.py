@@ -31,11 +31,12 @@ varies from job to job). Each is the same difference of a long and a quarter-len
 loop as ours. The baseline is the faster of the two ping-pongs that move data as the
 chain does, per size: every rank sends from one buffer and receives into another (a
 rank of the chain sends its own tile and receives the other's into a pooled buffer).
-The one-buffer ping-pong moves the same bytes through half the memory, and at large
-sizes that, not MPI, decides its time, which swings either way from run to run on
-this VM: at 16 MiB 500 us (2x faster than the two-buffer ones, its 32 MiB in cache)
-in one run and 3,636 us (3.3x slower) in the next. It is reported beside, with its
-own ratio (``bandwidth_fraction_same_buffer``), and is not the target's baseline.
+The one-buffer ping-pong moves the same bytes through half the memory, and from
+256 KiB up its time swings either way from run to run on this VM: at 16 MiB 500 us
+(2x faster than the two-buffer ones) in one run and 3,636 us (3.3x slower) in the
+next, which was 5-9x slower than them from 256 KiB on; the cause is not known. It is
+reported beside, with its own ratio (``bandwidth_fraction_same_buffer``), and is not
+the target's baseline.
 NetPIPE-style figures
 per size: one-way latency (µs) and bandwidth (MiB/s) of both, ``latency_ratio`` = ours
 / raw and ``bandwidth_fraction`` = ours / raw. ``comm_targets``: latency ratio ≤ 5 for

@@ -4,7 +4,8 @@ A benchmark module ``benchmarks/<name>.py`` defines ``run(quick: bool) -> list[d
 every dict is one result, has a ``"benchmark"`` key, its figures, its baseline
 measured in the same run, their ratio, and ``"machine"``; ``run`` prints each one
 with :func:`emit` as it goes. ``python -m benchmarks <name> [--quick]`` runs one,
-``python -m benchmarks all [--quick]`` runs the suite and writes ``results/``.
+``python -m benchmarks all [--quick]`` runs the suite and writes ``results/``
+(``results/quick/`` with ``--quick``).
 """
 
 from __future__ import annotations

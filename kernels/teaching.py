@@ -299,6 +299,7 @@ getrf_nopiv = Kernel(
     dtypes=_DTYPE_NAMES,
     flops=lambda n: 2 * n**3 / 3,
     compile=_compiler("getrf_nopiv"),
+    nogil=True,
 )
 trsm_lower_unit = Kernel(
     _trsm_lower_unit,
@@ -308,6 +309,7 @@ trsm_lower_unit = Kernel(
     dtypes=_DTYPE_NAMES,
     flops=lambda k, n: k * k * n,
     compile=_compiler("trsm_lower_unit"),
+    nogil=True,
 )
 trsm_upper_right = Kernel(
     _trsm_upper_right,
@@ -317,6 +319,7 @@ trsm_upper_right = Kernel(
     dtypes=_DTYPE_NAMES,
     flops=lambda k, m: m * k * k,
     compile=_compiler("trsm_upper_right"),
+    nogil=True,
 )
 gemm_nn = Kernel(
     _gemm_nn,
@@ -326,6 +329,7 @@ gemm_nn = Kernel(
     dtypes=_DTYPE_NAMES,
     flops=lambda m, n, k: 2 * m * n * k,
     compile=_compiler("gemm_nn"),
+    nogil=True,
 )
 jacobi_step = Kernel(
     _jacobi_step,
@@ -335,6 +339,7 @@ jacobi_step = Kernel(
     dtypes=_DTYPE_NAMES,
     flops=lambda m, n, **_: 4 * m * n,
     compile=_compiler("jacobi_step"),
+    nogil=True,
 )
 
 LU_KERNELS = (getrf_nopiv, trsm_lower_unit, trsm_upper_right, gemm_nn)

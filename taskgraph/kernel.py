@@ -1,8 +1,9 @@
 """Tile kernels: functions on tiles that a graph can record as tasks.
 
 A kernel is a plain function on NumPy arrays (usually a numba ``njit(nogil=True)``
-function behind a thin wrapper) together with a declaration of how it uses each
-argument::
+function, or a thin wrapper around one: declare that with ``nogil=True``, since only a
+numba function itself is recognised as running without the GIL) together with a
+declaration of how it uses each argument::
 
     @tg.kernel(modes="r,rw", dims="mk,mk", flops=lambda m, k: 2 * m * k)
     def axpy(x, y):
@@ -21,6 +22,7 @@ accesses inside ``with tg.Graph():``, it records a task.
 from __future__ import annotations
 
 import functools
+import inspect
 import time
 from collections.abc import Callable, Sequence
 
@@ -125,10 +127,20 @@ class Kernel:
 
 
 def releases_gil(fn: Callable) -> bool:
-    """Whether ``fn`` is a numba function compiled with ``nogil=True`` (it runs without
-    the GIL); False for anything else, which may hold it."""
+    """Whether ``fn`` is a numba function compiled with ``nogil=True`` in nopython mode
+    (it runs without the GIL); False for anything else, which may hold it.
+
+    A Python function is never one, even one that ``functools.wraps`` a numba function
+    (it copies the jitted function's ``targetoptions`` along with its name): its own
+    code runs with the GIL, so it says so with ``nogil=True`` if its work does not."""
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return False
     options = getattr(fn, "targetoptions", None)
-    return isinstance(options, dict) and bool(options.get("nogil", False))
+    return (
+        isinstance(options, dict)
+        and bool(options.get("nogil", False))
+        and not options.get("forceobj", False)
+    )
 
 
 def _check_dims(name: str, dims: Sequence[str], shapes: Sequence[tuple]) -> str:
