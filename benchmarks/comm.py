@@ -36,10 +36,9 @@ The one-buffer ping-pong moves the same bytes through half the memory, and from
 (2x faster than the two-buffer ones) in one run and 3,636 us (3.3x slower) in the
 next, which was 5-9x slower than them from 256 KiB on; the cause is not known. It is
 reported beside, with its own ratio (``bandwidth_fraction_same_buffer``), and is not
-the target's baseline.
-NetPIPE-style figures
-per size: one-way latency (µs) and bandwidth (MiB/s) of both, ``latency_ratio`` = ours
-/ raw and ``bandwidth_fraction`` = ours / raw. ``comm_targets``: latency ratio ≤ 5 for
+the target's baseline. NetPIPE-style figures per size: one-way latency (µs) and
+bandwidth (MiB/s) of both, ``latency_ratio`` = ours / raw and ``bandwidth_fraction`` =
+ours / raw. ``comm_targets``: latency ratio ≤ 5 for
 small messages (≤ 4 KiB) and bandwidth fraction ≥ 0.90 from 1 MiB up.
 """
 

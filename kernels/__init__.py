@@ -4,7 +4,7 @@ Each public name is a :class:`taskgraph.kernel.Kernel`: called on NumPy tiles it
 at once; called on tile accesses inside ``with tg.Graph():`` it records a task. The
 numerics live in :mod:`.cholesky` (jitted inner functions calling SciPy's BLAS and
 LAPACK without the GIL, behind validating wrappers); this module only declares them,
-``nogil=True``: a wrapper's own Python is short beside the call it makes.
+each ``nogil=True`` (a wrapper's own Python is short beside the call it makes).
 
 Tiles are column-major (Fortran-ordered) float32 or float64 arrays, or strided
 column-major views of one. The kernels know nothing of ranks or MPI.
