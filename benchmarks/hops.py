@@ -17,9 +17,9 @@ over the hops:
 
 ``hop_us`` is the run's time per hop (long chain minus a quarter-length one, as the
 comm suite measures it) and ``raw_us`` a raw mpi4py ``Send``/``Recv`` ping-pong's one-way
-time in the same job; ``polls``, ``spins`` and ``sleeps`` per hop come from the
-executor's counters. Nothing here is a target: it is the profile behind the comm
-suite's latency and bandwidth figures.
+time in the same job; ``polls``, ``spins``, ``sleeps`` and ``direct`` (tasks run the
+moment their tile landed) per hop come from the executor's counters. Nothing here is
+a target: it is the profile behind the comm suite's latency and bandwidth figures.
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ def measure(cluster, nbytes: int, hops: int) -> dict | None:
     stats = cluster.world.allgather(run.stats.as_dict())
     if cluster.rank != 0:
         return None
-    counts = {k: round(sum(s[k] for s in stats) / hops, 2) for k in ("polls", "spins", "sleeps")}
+    counts = {
+        k: round(sum(s[k] for s in stats) / hops, 2) for k in ("polls", "spins", "sleeps", "direct")
+    }
     return {
         "benchmark": "hops",
         "bytes": nbytes,

@@ -118,6 +118,23 @@ def short_task_limit(fns) -> float:
     return SHORT_KERNEL if all(getattr(fn, "nogil", False) for fn in fns) else SHORT_TASK
 
 
+def direct_task(msg: Message, waits: dict, state: dict, long: set) -> int | None:
+    """The task a receive may hand straight to the worker that polls for it, or None.
+
+    That is the one task that reads the message's tile, when the message is the last
+    thing it waits for and it is not a long task: the worker then resolves its
+    arguments while the message is on its way, and when it lands runs the task and
+    posts the task's sends at once, counting down after (:meth:`Executor._run_direct`).
+    A pure decision, on the executor's state: ``waits`` and ``state`` by task, ``long``
+    the tasks during which the network must stay free for the progress thread."""
+    if msg.kind != "tile" or len(msg.consumers) != 1:
+        return None
+    t = msg.consumers[0]
+    if waits[t] != 1 or state[t] != WAITING or t in long:
+        return None
+    return t
+
+
 @contextlib.contextmanager
 def gc_frozen():
     """Collections leave the objects that exist now alone, for the duration.
@@ -186,6 +203,7 @@ class Stats:
         self.sleeps = 0
         self.spins = 0
         self.peak_sends = 0  # most sends in flight at once
+        self.direct = 0  # tasks run the moment their message landed (Executor._run_direct)
         self.seconds = 0.0
 
     def as_dict(self) -> dict:
@@ -297,12 +315,15 @@ class Executor:
         came or went); how many became ready. Lock held. Called once per event, not
         per task: this is on the way of every message."""
         woken = 0
-        waits = self.waits
+        waits, state = self.waits, self.state
         for t in tasks:
             left = waits[t] - 1
             waits[t] = left
-            if not left:
-                self._make_ready(t)
+            if not left:  # (_make_ready, inline)
+                if state[t] != WAITING:
+                    self._move(t, READY)  # raises
+                state[t] = READY
+                heapq.heappush(self.ready, self.place[t])
                 woken += 1
         return woken
 
@@ -322,7 +343,7 @@ class Executor:
                     if on_network and self.net.size > 1 and self.pollers == 0:
                         # poll for it here; waking the progress thread now would only
                         # make the two take the network token from each other
-                        if not self._idle_poll():
+                        if not self._idle_poll(index):
                             return
                     else:
                         self.wake.set()  # the progress thread should poll sooner
@@ -411,7 +432,7 @@ class Executor:
             self.trace.waited(index, now() - t0, False)
         return parked
 
-    def _idle_poll(self) -> bool:
+    def _idle_poll(self, index: int) -> bool:
         """An idle worker polls for the message it waits for. Lock held on entry and
         exit; False if the network failed (the run is then failing).
 
@@ -419,23 +440,62 @@ class Executor:
         ``spin_per_byte`` per byte of the receives posted), then backs off
         (:func:`~taskgraph.comm.next_sleep`), as the progress thread does; stops as
         soon as a task is ready, and hands polling back to the progress thread.
+
+        Where the oldest receive releases a task (:func:`direct_task`), the worker
+        resolves that task's arguments now (:meth:`_stage`), tests that receive first
+        (alone, three polls in four), and runs the task the moment it lands
+        (:meth:`_run_direct`).
         """
         lock = self.lock
         clock = time.perf_counter
         self.pollers += 1
         sleep, last = 0.0, clock()
         try:
+            token = self.net_token
+            stats = self.stats
+            active = self.recvs_active
+            tried = None  # the receive a task was last staged for (or tried)
+            staged = None  # see _stage
             while not self.ready and not self.stopping and self.recvs_left > 0:
                 lock.release()
-                try:
-                    got = self._try_poll(True)
-                except BaseException as exc:  # noqa: BLE001 - reported to every rank
-                    lock.acquire()
-                    self._fail(None, exc)
-                    return False
-                if got:
+                got = False
+                ran = None
+                if token.acquire(blocking=False):  # (_try_poll, inline)
+                    try:
+                        full = True
+                        if staged is not None and active and active[0] is staged[0]:
+                            if staged[0].Test():
+                                done_at = clock()
+                                ran = self._run_direct(index, staged, done_at)
+                                staged = None
+                                full = False
+                            elif stats.polls & 3:  # (and all of a poll every 4th time)
+                                stats.polls += 1
+                                full = False
+                        if full:
+                            got = self._poll(True)
+                            # stage the task the oldest receive releases, if any, once
+                            # per receive and again whenever counters moved
+                            if got:
+                                tried = None
+                            if not self.ready and active and active[0] is not tried:
+                                tried = active[0]
+                                staged = self._stage(tried)
+                    except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                        token.release()
+                        lock.acquire()
+                        self._fail(None, exc)
+                        return False
+                    token.release()
+                if ran is not None:
+                    self._direct_done(index, *ran)  # (returns with the lock held)
                     sleep, last = 0.0, clock()
+                    continue
+                if got:
                     lock.acquire()
+                    if self.ready:
+                        break  # (the clock below is on a message's way)
+                    sleep, last = 0.0, clock()
                 elif clock() - last < self.spin + self.posted_bytes * self.spin_per_byte:
                     # a message came moments ago (or the progress thread holds the token
                     # for a moment): the next is likely close. Longer for large messages:
@@ -463,6 +523,102 @@ class Executor:
             # this worker wait for the GIL
             self.pollers -= 1
         return True
+
+    def _stage(self, req) -> tuple | None:
+        """What :meth:`_run_direct` needs to run, the moment it lands, the task that
+        the oldest posted receive ``req`` releases (:func:`direct_task`): (req, its
+        entry, the task, its function and arguments, its one tile send and that tile,
+        or None); None if there is no such task. Token held."""
+        entry = self.recvs_active_msgs[0]
+        msg, buf, _ = entry
+        t = direct_task(msg, self.waits, self.state, self._long)
+        if t is None:
+            return None
+        task = self.graph.tasks[t]
+        if task.kwargs:
+            return None
+        args = []
+        for a in task.args:
+            if a.__class__ is not Ref:
+                args.append(a)
+            elif a.data == msg.data:
+                args.append(buf)  # (a task reads one version of a data)
+            else:  # every other thing it reads is here: the message is all it waits for
+                arr = self._tile_arrays.get(a.data)
+                if arr is None:
+                    try:
+                        arr = self._fetch(a.data, task.reads)
+                    except KeyError:  # (then the usual way says what is missing)
+                        return None
+                args.append(arr)
+        sends = self.plan.sends.get(t, ())
+        send = sends[0] if len(sends) == 1 and sends[0].kind == "tile" else None
+        return req, entry, t, task.fn.fn, args, send, self._payload(send) if send else None
+
+    def _run_direct(self, index: int, staged: tuple, done_at: float) -> tuple:
+        """The receive :meth:`_stage` staged a task for landed: take it off the posted
+        receives, run the task, post its sends. Token held, lock not held; the caller
+        then releases the token and calls :meth:`_direct_done` with what this returns.
+
+        The task runs with the token held (it is short: :func:`direct_task`), so that
+        its send goes out with nothing in between; its counters move after."""
+        _, entry, t, fn, args, send, tile = staged
+        now = self.trace.clock
+        self.state[t] = RUNNING  # (READY, then RUNNING: no other thread can reach t)
+        self.started[index] = start = now()
+        del self.recvs_active[0]
+        del self.recvs_active_msgs[0]
+        value = exc = None
+        ran = not self.stopping
+        try:
+            if ran:
+                value = fn(*args)
+                if t in self._pickle_here:
+                    self.pickled[t] = commlib.dumps(value)
+        except BaseException as e:  # noqa: BLE001 - reported to every rank
+            exc = e
+        end = now()
+        sent = False
+        if exc is None and ran and t in self.plan.sends:
+            active = self.sends_active
+            if send is not None and not self.sends_waiting and len(active) < self.max_sends:
+                # (_post_send, inline: its tile was looked up when the task was staged)
+                active.append(self.net.isend(tile, send.dst, send.tag))
+                self.sends_active_msgs.append((send, end))
+                stats = self.stats
+                stats.sent += 1
+                stats.bytes_sent += send.nbytes
+                if len(active) > stats.peak_sends:
+                    stats.peak_sends = len(active)
+            else:
+                self.sends_waiting.extend(self.plan.sends[t])
+                self._post_sends()
+            sent = True
+        return entry, done_at, t, value, exc, ran, start, end, sent
+
+    def _direct_done(self, index, entry, done_at, t, value, exc, ran, start, end, sent) -> None:
+        """The counters and the trace of a task :meth:`_run_direct` ran. Lock not held
+        on entry, held on exit."""
+        self.lock.acquire()
+        self.started[index] = 0.0
+        self.waits[t] = 0
+        self._delivered(entry, done_at, None)
+        # (the worker counts its idle time from before it polled: this was not idle)
+        self.trace.waits[index][0] -= end - start
+        if not ran:
+            self.state[t] = READY  # not run: the run is stopping
+            return
+        if exc is not None:
+            self.trace.task(t, index, start, end, TASK_FAILED)
+            self._fail(t, exc)
+            return
+        self.mean_task += 0.1 * (min(end - start, 2 * self.short_task) - self.mean_task)
+        self.trace.task(t, index, start, end, TASK_DONE)
+        self.stats.direct += 1
+        try:
+            self._finish(t, value, sent)
+        except BaseException as e:  # noqa: BLE001 - a runtime bug: fail loudly
+            self._fail(t, e, state=DONE)
 
     def _call(self, t: int):
         task = self.graph.tasks[t]
@@ -506,13 +662,22 @@ class Executor:
     def _post_now(self, t: int) -> bool:
         """Post task t's sends unless another thread polls; True if this thread took
         them (some may wait for a free slot). Lock not held."""
-        if not self.net_token.acquire(blocking=False):
+        token = self.net_token
+        if not token.acquire(blocking=False):
             return False
         try:
-            self.sends_waiting.extend(self.plan.sends[t])
-            self._post_sends()
+            msgs = self.plan.sends[t]
+            if (
+                len(msgs) == 1
+                and not self.sends_waiting
+                and len(self.sends_active) < self.max_sends
+            ):
+                self._post_send(msgs[0])  # the common case: one message, a free slot
+            else:
+                self.sends_waiting.extend(msgs)
+                self._post_sends()
         finally:
-            self.net_token.release()
+            token.release()
         return True
 
     def _finish(self, t: int, value, sent: bool = False) -> None:
@@ -657,7 +822,11 @@ class Executor:
         if self.sends_active and self._test_sends():
             busy = True
         if self.recvs_active and self._test_recvs(not quick or not self.stats.polls & 3):
-            busy = True
+            # a task may be ready: back to it now, and probe only every 8th time
+            polls = self.stats.polls = self.stats.polls + 1
+            if polls & 7:
+                return True
+            return self._probe() or True
         self.stats.polls += 1
         # unexpected messages (values, signals, aborts, tiles beyond the posted
         # window) when nothing else happened, and at least every 8th poll. Probing only
@@ -738,16 +907,24 @@ class Executor:
     def _post_sends(self) -> bool:
         posted = False
         while self.sends_waiting and len(self.sends_active) < self.max_sends:
-            msg = self.sends_waiting.popleft()
-            at = self.trace.clock()  # before the call: the message may land before it returns
-            self.sends_active.append(self.net.isend(self._payload(msg), msg.dst, msg.tag))
-            self.sends_active_msgs.append((msg, at))
-            self.stats.sent += 1
-            self.stats.bytes_sent += msg.nbytes
+            self._post_send(self.sends_waiting.popleft())
             posted = True
-        if posted and len(self.sends_active) > self.stats.peak_sends:
-            self.stats.peak_sends = len(self.sends_active)
         return posted
+
+    def _post_send(self, msg: Message) -> None:
+        """Post one send (a slot is free). Token held."""
+        payload = self._tile_arrays.get(msg.data) if msg.kind == "tile" else None
+        if payload is None:
+            payload = self._payload(msg)
+        at = self.trace.clock()  # before the call: the message may land before it returns
+        active = self.sends_active
+        active.append(self.net.isend(payload, msg.dst, msg.tag))
+        self.sends_active_msgs.append((msg, at))
+        stats = self.stats
+        stats.sent += 1
+        stats.bytes_sent += msg.nbytes
+        if len(active) > stats.peak_sends:
+            stats.peak_sends = len(active)
 
     def _payload(self, msg: Message):
         if msg.kind == "tile":
@@ -818,35 +995,49 @@ class Executor:
         done = self.net.test_some(self.recvs_active, full)
         if not done:
             return False
-        finished = _take(done, self.recvs_active, self.recvs_active_msgs)
-        values = {}  # unpickled before the lock is taken
-        for msg, buf, _ in finished:
-            if msg.kind == "value":
-                values[msg.tag, msg.src] = commlib.loads(buf)
-        stats = self.stats
         # traced by the worker after its task (see _finish), not on the task's way
         done_at = self.trace.clock()
+        if len(done) == 1:  # (_take's common case, inline: this is a message's way)
+            finished: list | tuple = (self.recvs_active_msgs.pop(done[0]),)
+            del self.recvs_active[done[0]]
+        else:
+            finished = _take(done, self.recvs_active, self.recvs_active_msgs)
+        values = None  # unpickled before the lock is taken
+        for msg, buf, _ in finished:
+            if msg.kind == "value":
+                if values is None:
+                    values = {}
+                values[msg.tag, msg.src] = commlib.loads(buf)
         self.lock.acquire()  # (not `with`: Condition.__enter__ is a Python call)
         try:
-            rows = self.recv_rows if self.trace.enabled else None
             woken = 0
-            for msg, buf, posted in finished:
-                if rows is not None:
-                    rows.append((msg, posted, done_at))
-                self.recvs_left -= 1
-                self.posted_bytes -= msg.nbytes
-                stats.received += 1
-                stats.bytes_received += msg.nbytes
-                if msg.kind != "signal":  # (_deliver, inline)
-                    key = (msg.data, msg.producer)
-                    self.received[key] = buf if msg.kind == "tile" else values[msg.tag, msg.src]
-                    self.refs[key] = len(msg.consumers)
-                woken += self._count_down(msg.consumers)
+            for entry in finished:
+                self._delivered(entry, done_at, values)
+                woken += self._count_down(entry[0].consumers)
             if woken and self.waiting:
                 self.lock.notify(woken)
         finally:
             self.lock.release()
         return True
+
+    def _delivered(self, entry: tuple, done_at: float, values: dict | None) -> None:
+        """A receive completed (``entry``: its message, buffer and posting time;
+        ``values``: the unpickled values by (tag, source)): its data is here for its
+        readers. Lock held; the caller counts down the readers."""
+        msg, buf, posted = entry
+        if self.trace.enabled:
+            self.recv_rows.append((msg, posted, done_at))
+        nbytes = msg.nbytes
+        self.recvs_left -= 1
+        self.posted_bytes -= nbytes
+        stats = self.stats
+        stats.received += 1
+        stats.bytes_received += nbytes
+        kind = msg.kind
+        if kind != "signal":
+            key = (msg.data, msg.producer)
+            self.received[key] = buf if kind == "tile" else values[msg.tag, msg.src]  # type: ignore[index]
+            self.refs[key] = len(msg.consumers)
 
     def _test_sends(self) -> bool:
         done = self.net.test_some(self.sends_active)

@@ -512,6 +512,77 @@ def numba_user_kernel_runs_in_a_graph():
         assert np.all(full[4 * i : 4 * i + 4] == (1.0 if i == 0 else i + 3.0)), (i, full)
 
 
+@tg.kernel(modes="r,w", dims="mn,mn")
+def _hop(src, dst):
+    dst[...] = src + 1.0
+
+
+def _ring(X, hops: int, name: str) -> tg.Graph:
+    """A chain of tasks around X's row tiles (one per rank, at least 2): hop k reads
+    tile k-1 and writes tile k (mod their number), so on 2 ranks or more every hop is a
+    message from one rank to the next."""
+    rows = X.shape[0] // X.tile
+    with tg.Graph(name) as g:
+        for k in range(1, hops + 1):
+            _hop(X[(k - 1) % rows, 0].r, X[k % rows, 0].w)
+    return g
+
+
+@scenario
+def tasks_run_the_moment_their_tile_lands():
+    """A ring of hops: on 2 ranks or more, the polling worker runs most hops itself
+    the moment the tile lands (stats.direct), and the values come out right."""
+    size, hops = cluster().size, 240
+    rows = max(2, size)
+    for nbytes in (64, 1 << 18):
+        n = nbytes // 8
+        X = tg.TiledMatrix.zeros((n * rows, 1), n, grid=(size, 1))
+        run = cluster().run(_ring(X, hops, f"ring {nbytes}")).wait()
+        full = X.to_numpy()
+        for r in range(rows):  # the last hop that wrote row tile r
+            last = max(k for k in range(hops + 1) if k % rows == r)
+            assert np.all(full[r * n : (r + 1) * n] == last), (r, full[r * n])
+        direct = sum(cluster().world.allgather(run.stats.direct))
+        if size == 1:
+            assert direct == 0  # no messages
+        else:
+            assert direct > hops // 8, f"{nbytes} B: {direct} of {hops} hops ran at once"
+        assert sum(cluster().world.allgather(run.stats.tasks)) == hops
+
+
+@scenario
+def a_task_run_as_its_tile_lands_raises():
+    """A kernel that raises on the way of a message (its worker waited for that
+    message, so it runs the task the moment it lands): every rank gets the error with
+    the task and rank, and the next run works."""
+    size = cluster().size
+    bad, rows = size - 1, max(2, size)
+    src = (bad - 1) % rows  # on the rank before the bad one (or the same, on 1 rank)
+
+    @tg.kernel(modes="rw", dims="mn")
+    def slow(t):
+        time.sleep(0.02)  # its reader waits meanwhile, its task staged
+        t += 1.0
+
+    @tg.kernel(modes="r,w", dims="mn,mn")
+    def bad_hop(src, dst):
+        raise ValueError("bad hop")
+
+    X = tg.TiledMatrix.zeros((4 * rows, 1), 4, grid=(size, 1), name="X")
+    with tg.Graph("bad ring") as g:
+        slow(X[src, 0].rw)
+        bad_hop(X[src, 0].r, X[bad, 0].w)
+    try:
+        cluster().run(g).wait()
+    except tg.TaskError as err:
+        assert err.task == f"bad_hop(X[{src},0], X[{bad},0])", err.task
+        assert err.rank == bad and "ValueError: bad hop" in str(err), str(err)
+    else:
+        raise AssertionError("the run should have failed")
+    run = cluster().run(_ring(X, 3 * size, "ring after")).wait()
+    assert sum(cluster().world.allgather(run.stats.tasks)) == 3 * size
+
+
 def main(name: str) -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("SCENARIO_TIMEOUT", "120")), exit=True)
     try:

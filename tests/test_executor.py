@@ -252,6 +252,23 @@ def test_the_short_task_limit_is_lower_only_when_every_task_runs_without_the_gil
     assert SHORT_KERNEL < SHORT_TASK
 
 
+def test_a_receive_hands_its_task_straight_to_the_polling_worker_only_when_it_is_the_last_wait():
+    from taskgraph.executor import READY, WAITING, direct_task
+    from taskgraph.plan import Message
+
+    def msg(kind="tile", consumers=(7,)):
+        return Message(src=1, dst=0, kind=kind, data=3, producer=2, consumers=list(consumers))
+
+    waits, state = {7: 1, 8: 1}, {7: WAITING, 8: WAITING}
+    assert direct_task(msg(), waits, state, set()) == 7
+    assert direct_task(msg(), {7: 2}, state, set()) is None  # waits for something else too
+    assert direct_task(msg(), waits, {7: READY}, set()) is None
+    assert direct_task(msg(), waits, state, {7}) is None  # long: the network stays free
+    assert direct_task(msg(consumers=(7, 8)), waits, state, set()) is None  # two readers
+    assert direct_task(msg(kind="value"), waits, state, set()) is None  # unpickled first
+    assert direct_task(msg(kind="signal"), waits, state, set()) is None
+
+
 BLAS_LOADED_IN_A_TASK = """
 import sys
 import taskgraph as tg
