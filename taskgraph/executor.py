@@ -17,9 +17,13 @@ An idle worker that waits for a message polls the network itself (and the progre
 thread steps back), so the worker that runs the released task is the one that finds
 the message; a worker posts its finished task's sends itself when the token is free,
 before its own bookkeeping. On the way from a message to the next message no thread
-hands work to another. While a worker polls, the progress thread sleeps (up to
-``POLLED_SLEEP``): the worker wakes it when it starts a long task (``LONG_TASK``
-flops) or stops polling, so that transfers go on while every worker computes.
+hands work to another. Where the oldest receive is the last thing a short task waits
+for (:func:`direct_task`), the polling worker resolves that task's arguments while the
+tile is on its way and, the moment it lands, runs the task and posts its sends before
+any bookkeeping (:meth:`Executor._run_direct`). While a worker polls, the progress
+thread sleeps (up to ``POLLED_SLEEP``): the worker wakes it when it starts a long task
+(``LONG_TASK`` flops) or stops polling, so that transfers go on while every worker
+computes.
 Receives are posted ahead up to a byte budget small enough to stay in cache.
 With several workers and short tasks (on average under :func:`short_task_limit`: 50
 µs, or 20 µs where every task is a kernel that runs without the GIL), one worker runs
@@ -27,7 +31,9 @@ them and the others park (:meth:`Executor._park`): Python runs one thread at a t
 so more workers on tiny tasks only pass the lock and the GIL around.
 
 Task states move WAITING -> READY -> RUNNING -> DONE (or FAILED), through
-:meth:`Executor._move` (or its check, inline, on a message's path). A task is READY
+:meth:`Executor._move` (or its check, inline, on a message's path; a task run the
+moment its tile lands goes from WAITING to RUNNING at once: :func:`direct_task` saw it
+WAITING, and no other thread can reach it before that tile's count). A task is READY
 when its counter reaches zero: one count per local predecessor, per incoming message
 it reads, and per outgoing send of the tile version it overwrites (a cross-rank
 write-after-read).
