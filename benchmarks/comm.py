@@ -18,6 +18,11 @@ of a 64-hop chain of 4 MiB). Chains are at most 1,000 hops (``--quick``: 300): t
 runtime posts all of a chain's receives ahead and tests them all on every poll, so
 much longer chains measure that too.
 
+Each size is measured in two passes over the sizes, 4 repeats a pass (``--quick``:
+one pass of 3), and each figure is the best of its size's repeats
+(:func:`measure_sizes`): a busy stretch of a shared machine then slows one pass of
+every size, not every repeat of one.
+
 Baseline, in the same job, alternating with ours: a raw mpi4py ping-pong,
 ``comm.Send``/``comm.Recv`` of NumPy buffers of the same size; one-way latency is half
 a round trip. It runs three ways: receiving into the buffer it sends from (as NetPIPE
@@ -187,43 +192,74 @@ def hop_seconds(cluster, X: tg.TiledMatrix, graphs: list[tg.Graph], plans: list)
     return (long - short) / (graphs[1].ntasks - graphs[0].ntasks)
 
 
-def measure_size(cluster, nbytes: int, quick: bool, repeats: int) -> dict:
-    hops, trips = counts(nbytes, quick)
-    X, graphs, plans = ping_pong(nbytes, hops)
-    n = nbytes // 8
-    buf, other = raw_buffers(n)
-    plain, plain_other = np.ones(n), np.ones(n)  # NumPy's own, as a user would have
-    comm = cluster.world.comm
-    for into in (buf, other):
-        raw_one_way(comm, buf, into, max(2, trips // 10))  # warm
-    raw_one_way(comm, plain, plain_other, max(2, trips // 10))
-    for g, p in zip(graphs, plans):
-        chain_seconds(cluster, X, g, p)  # warm: buffers from the pool
-    kinds = ("same", "two", "polled", "numpy", "ours")
-    best: dict[str, dict[int, float]] = {k: {} for k in kinds}
+class SizeRun:
+    """The measurements of one message size: its chain and raw buffers, set up and
+    warmed once; :meth:`repeat` runs every kind once (they alternate, so each sees the
+    machine as it is then), :meth:`result` takes each kind's best."""
 
-    def keep(kind: str, steps: int, seconds: float) -> None:
-        best[kind][steps] = min(best[kind].get(steps, float("inf")), seconds)
+    KINDS = ("same", "two", "polled", "numpy", "ours")
 
-    for _ in range(repeats):  # the kinds alternate: each sees the machine as it is now
+    def __init__(self, cluster, nbytes: int, quick: bool):
+        self.cluster, self.nbytes = cluster, nbytes
+        self.hops, self.trips = counts(nbytes, quick)
+        self.X, self.graphs, self.plans = ping_pong(nbytes, self.hops)
+        n = nbytes // 8
+        self.buf, self.other = raw_buffers(n)
+        self.plain, self.plain_other = np.ones(n), np.ones(n)  # NumPy's own, as a user's
+        self.comm = cluster.world.comm
+        for into in (self.buf, self.other):
+            raw_one_way(self.comm, self.buf, into, max(2, self.trips // 10))  # warm
+        raw_one_way(self.comm, self.plain, self.plain_other, max(2, self.trips // 10))
+        for g, p in zip(self.graphs, self.plans):
+            chain_seconds(cluster, self.X, g, p)  # warm: buffers from the pool
+        self.best: dict[str, dict[int, float]] = {k: {} for k in self.KINDS}
+        self.repeats = 0
+
+    def _keep(self, kind: str, steps: int, seconds: float) -> None:
+        self.best[kind][steps] = min(self.best[kind].get(steps, float("inf")), seconds)
+
+    def repeat(self) -> None:
+        comm, buf, other, trips = self.comm, self.buf, self.other, self.trips
         for steps in (trips, short_of(trips)):
-            keep("same", steps, raw_loop(comm, buf, buf, steps))
-            keep("two", steps, raw_loop(comm, buf, other, steps))
-            keep("polled", steps, polled_loop(comm, buf, other, steps))
-            keep("numpy", steps, raw_loop(comm, plain, plain_other, steps))
-        for g, p in zip(graphs, plans):
-            keep("ours", g.ntasks, chain_seconds(cluster, X, g, p))
-    same, two, polled, numpy = (
-        best_step(best[k], trips) / 2 for k in ("same", "two", "polled", "numpy")
-    )
-    ours = best_step(best["ours"], hops)
-    result = figures(nbytes, hops, trips, repeats, ours, baseline(same, two, numpy))
-    result["bandwidth_fraction_same_buffer"] = round(same / ours, 3)
-    result["raw_same_buffer_us"] = round(same * 1e6, 2)
-    result["raw_two_buffers_us"] = round(two * 1e6, 2)
-    result["raw_polled_us"] = round(polled * 1e6, 2)
-    result["raw_numpy_us"] = round(numpy * 1e6, 2)
-    return result
+            self._keep("same", steps, raw_loop(comm, buf, buf, steps))
+            self._keep("two", steps, raw_loop(comm, buf, other, steps))
+            self._keep("polled", steps, polled_loop(comm, buf, other, steps))
+            self._keep("numpy", steps, raw_loop(comm, self.plain, self.plain_other, steps))
+        for g, p in zip(self.graphs, self.plans):
+            self._keep("ours", g.ntasks, chain_seconds(self.cluster, self.X, g, p))
+        self.repeats += 1
+
+    def result(self) -> dict:
+        best, trips = self.best, self.trips
+        same, two, polled, numpy = (
+            best_step(best[k], trips) / 2 for k in ("same", "two", "polled", "numpy")
+        )
+        ours = best_step(best["ours"], self.hops)
+        result = figures(
+            self.nbytes, self.hops, trips, self.repeats, ours, baseline(same, two, numpy)
+        )
+        result["bandwidth_fraction_same_buffer"] = round(same / ours, 3)
+        result["raw_same_buffer_us"] = round(same * 1e6, 2)
+        result["raw_two_buffers_us"] = round(two * 1e6, 2)
+        result["raw_polled_us"] = round(polled * 1e6, 2)
+        result["raw_numpy_us"] = round(numpy * 1e6, 2)
+        return result
+
+
+def measure_sizes(cluster, sizes, quick: bool, rounds: int, repeats: int) -> list[dict]:
+    """Every size's figures, from ``rounds`` passes over the sizes, each running
+    ``repeats`` repeats of one size after another; each figure is the best of its
+    size's repeats. A stretch of a busy machine (a second or more, on a shared VM)
+    then slows one pass of every size rather than every repeat of one: measured in a
+    single pass, an 8 B hop once came out at 14.4 us where 64 B, measured next, took
+    9.9. (Going round the sizes one repeat at a time left every size's caches to the
+    others: 16 MiB came out at 0.875 and 0.915 of raw in two runs, against 0.90-0.96.)"""
+    runs = [SizeRun(cluster, nbytes, quick) for nbytes in sizes]
+    for _ in range(rounds):
+        for run in runs:
+            for _ in range(repeats):
+                run.repeat()
+    return [run.result() for run in runs]
 
 
 def baseline(same: float, two: float, numpy: float) -> float:
@@ -266,8 +302,8 @@ def child(sizes: list[int], quick: bool, out: str) -> None:
     cluster = tg.Cluster()
     if cluster.size != 2:
         raise SystemExit(f"the ping-pong needs 2 ranks, not {cluster.size}")
-    for nbytes in sizes:
-        result = measure_size(cluster, nbytes, quick, repeats=3 if quick else 7)
+    rounds, repeats = (1, 3) if quick else (2, 4)
+    for result in measure_sizes(cluster, sizes, quick, rounds, repeats):
         if cluster.rank == 0:
             result = emit(result)
             with open(out, "a") as f:
