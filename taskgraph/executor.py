@@ -124,21 +124,29 @@ def short_task_limit(fns) -> float:
     return SHORT_KERNEL if all(getattr(fn, "nogil", False) for fn in fns) else SHORT_TASK
 
 
-def direct_task(msg: Message, waits: dict, state: dict, long: set) -> int | None:
+def direct_task(
+    msg: Message, waits: dict, state: dict, long: set, sending: list | tuple = ()
+) -> int | None:
     """The task a receive may hand straight to the worker that polls for it, or None.
 
-    That is the one task that reads the message's tile, when the message is the last
-    thing it waits for and it is not a long task: the worker then resolves its
-    arguments while the message is on its way, and when it lands runs the task and
+    That is the one task that reads the message's tile, when nothing but the message
+    and sends of this rank still in flight (``sending``, their messages) hold it back,
+    and it is not a long task: the worker then resolves its arguments while the
+    message is on its way, and when it lands (those sends done) runs the task and
     posts the task's sends at once, counting down after (:meth:`Executor._run_direct`).
+    The sends are those of a tile the task overwrites: in a ping-pong or a pipeline
+    the send of a rank's last version completes just before the next message comes.
     A pure decision, on the executor's state: ``waits`` and ``state`` by task, ``long``
     the tasks during which the network must stay free for the progress thread."""
     if msg.kind != "tile" or len(msg.consumers) != 1:
         return None
     t = msg.consumers[0]
-    if waits[t] != 1 or state[t] != WAITING or t in long:
+    if state[t] != WAITING or t in long:
         return None
-    return t
+    left = waits[t] - 1
+    if left:
+        left -= sum(t in m.release for m in sending)
+    return t if left == 0 else None
 
 
 @contextlib.contextmanager
@@ -470,9 +478,14 @@ class Executor:
                     try:
                         full = True
                         if staged is not None and active and active[0] is staged[0]:
+                            if self.sends_active and self.waits[staged[2]] > 1:
+                                self._test_sends()  # (a send the task waits for)
                             if staged[0].Test():
                                 done_at = clock()
-                                ran = self._run_direct(index, staged, done_at)
+                                if self.waits[staged[2]] == 1:
+                                    ran = self._run_direct(index, staged, done_at)
+                                else:  # a send it waits for is still out: as usual
+                                    got = self._received([0], done_at)
                                 staged = None
                                 full = False
                             elif stats.polls & 3:  # (and all of a poll every 4th time)
@@ -537,7 +550,8 @@ class Executor:
         or None); None if there is no such task. Token held."""
         entry = self.recvs_active_msgs[0]
         msg, buf, _ = entry
-        t = direct_task(msg, self.waits, self.state, self._long)
+        sending = [m for m, _ in self.sends_active_msgs] if self.sends_active else ()
+        t = direct_task(msg, self.waits, self.state, self._long, sending)
         if t is None:
             return None
         task = self.graph.tasks[t]
@@ -1002,7 +1016,11 @@ class Executor:
         if not done:
             return False
         # traced by the worker after its task (see _finish), not on the task's way
-        done_at = self.trace.clock()
+        return self._received(done, self.trace.clock())
+
+    def _received(self, done: list[int], done_at: float) -> bool:
+        """The posted receives at indices ``done`` completed: take them off, deliver
+        them, count down their readers. Token held; True."""
         if len(done) == 1:  # (_take's common case, inline: this is a message's way)
             finished: list | tuple = (self.recvs_active_msgs.pop(done[0]),)
             del self.recvs_active[done[0]]

@@ -267,6 +267,13 @@ def test_a_receive_hands_its_task_straight_to_the_polling_worker_only_when_it_is
     assert direct_task(msg(consumers=(7, 8)), waits, state, set()) is None  # two readers
     assert direct_task(msg(kind="value"), waits, state, set()) is None  # unpickled first
     assert direct_task(msg(kind="signal"), waits, state, set()) is None
+    # what else holds it back is a send of this rank still in flight: the worker
+    # tests that send as it polls for the message
+    out = Message(src=0, dst=1, kind="tile", data=5, producer=6, release=[7])
+    other = Message(src=0, dst=1, kind="tile", data=9, producer=6, release=[8])
+    assert direct_task(msg(), {7: 2}, state, set(), [out]) == 7
+    assert direct_task(msg(), {7: 2}, state, set(), [other]) is None
+    assert direct_task(msg(), {7: 3}, state, set(), [out]) is None  # and something else
 
 
 BLAS_LOADED_IN_A_TASK = """
