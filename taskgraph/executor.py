@@ -292,6 +292,9 @@ class Executor:
         self._running = 0
         self.started = [0.0] * self.nworkers  # each worker's task start, 0.0: none
         self.mean_task = 1.0  # seconds, a running average (no task seen yet: long)
+        # ... of the tasks run the moment their tile landed (none yet: short, so the
+        # first holds the network token, and one long one is enough to stop that)
+        self.direct_mean = 0.0
         self.recvs_left = len(plan.recvs)
         self.pickled: dict[int, bytes] = {}
         self._pickle_here = {
@@ -477,13 +480,14 @@ class Executor:
                 if token.acquire(blocking=False):  # (_try_poll, inline)
                     try:
                         full = True
+                        direct = None
                         if staged is not None and active and active[0] is staged[0]:
                             if self.sends_active and self.waits[staged[2]] > 1:
-                                self._test_sends()  # (a send the task waits for)
+                                got = self._test_sends()  # (a send the task waits for)
                             if staged[0].Test():
                                 done_at = clock()
                                 if self.waits[staged[2]] == 1:
-                                    ran = self._run_direct(index, staged, done_at)
+                                    direct = staged
                                 else:  # a send it waits for is still out: as usual
                                     got = self._received([0], done_at)
                                 staged = None
@@ -492,7 +496,7 @@ class Executor:
                                 stats.polls += 1
                                 full = False
                         if full:
-                            got = self._poll(True)
+                            got = self._poll(True) or got
                             # stage the task the oldest receive releases, if any, once
                             # per receive and again whenever counters moved
                             if got:
@@ -505,7 +509,15 @@ class Executor:
                         lock.acquire()
                         self._fail(None, exc)
                         return False
-                    token.release()
+                    if direct is None:
+                        token.release()
+                    else:
+                        try:  # (it releases the token)
+                            ran = self._run_direct(index, direct, done_at)
+                        except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                            lock.acquire()
+                            self._fail(None, exc)
+                            return False
                 if ran is not None:
                     self._direct_done(index, *ran)  # (returns with the lock held)
                     sleep, last = 0.0, clock()
@@ -534,8 +546,10 @@ class Executor:
                     lock.wait(sleep)
                     self.waiting -= 1
         finally:
-            if not self.ready and not self.stopping:
-                self.wake.set()  # no message left to wait for: sends may still be out
+            if self.outbox or (not self.ready and not self.stopping):
+                # no message left to wait for (sends may still be out), or a task's
+                # sends wait for the token
+                self.wake.set()
             # for a task, the progress thread is woken only if the task is long (see
             # _worker), or takes over within POLLED_SLEEP: a short task has this worker
             # back polling before it would matter, and waking the thread would make
@@ -577,68 +591,85 @@ class Executor:
 
     def _run_direct(self, index: int, staged: tuple, done_at: float) -> tuple:
         """The receive :meth:`_stage` staged a task for landed: take it off the posted
-        receives, run the task, post its sends. Token held, lock not held; the caller
-        then releases the token and calls :meth:`_direct_done` with what this returns.
+        receives, run the task, post its sends. Token held on entry and released
+        before this returns (or raises), lock not held; the caller then calls
+        :meth:`_direct_done` with what this returns.
 
-        The task runs with the token held (it is short: :func:`direct_task`), so that
-        its send goes out with nothing in between; its counters move after."""
+        While the tasks run this way are short (``direct_mean``), the task runs with the
+        token held, so that its send goes out with nothing in between; else the token
+        is free while it runs, for the other threads, and the send goes out if the
+        token is free again after it (else with the next poll)."""
         _, entry, t, fn, args, send, tile = staged
-        now = self.trace.clock
-        self.state[t] = RUNNING  # (READY, then RUNNING: no other thread can reach t)
-        self.started[index] = start = now()
-        del self.recvs_active[0]
-        del self.recvs_active_msgs[0]
-        value = exc = None
-        ran = not self.stopping
+        token = self.net_token
+        held = True
         try:
-            if ran:
-                value = fn(*args)
-                if t in self._pickle_here:
-                    self.pickled[t] = commlib.dumps(value)
-        except BaseException as e:  # noqa: BLE001 - reported to every rank
-            exc = e
-        end = now()
-        sent = False
-        if exc is None and ran and t in self.plan.sends:
-            active = self.sends_active
-            if send is not None and not self.sends_waiting and len(active) < self.max_sends:
-                # (_post_send, inline: its tile was looked up when the task was staged)
-                active.append(self.net.isend(tile, send.dst, send.tag))
-                self.sends_active_msgs.append((send, end))
-                stats = self.stats
-                stats.sent += 1
-                stats.bytes_sent += send.nbytes
-                if len(active) > stats.peak_sends:
-                    stats.peak_sends = len(active)
-            else:
-                self.sends_waiting.extend(self.plan.sends[t])
-                self._post_sends()
-            sent = True
-        return entry, done_at, t, value, exc, ran, start, end, sent
+            now = self.trace.clock
+            self.state[t] = RUNNING  # (READY, then RUNNING: no other thread can reach t)
+            self.started[index] = start = now()
+            del self.recvs_active[0]
+            del self.recvs_active_msgs[0]
+            if self.direct_mean >= self.short_task:
+                token.release()
+                held = False
+            value = exc = None
+            ran = not self.stopping
+            try:
+                if ran:
+                    value = fn(*args)
+                    if t in self._pickle_here:
+                        self.pickled[t] = commlib.dumps(value)
+            except BaseException as e:  # noqa: BLE001 - reported to every rank
+                exc = e
+            end = now()
+            sent = False
+            if exc is None and ran and t in self.plan.sends:
+                if not held:
+                    held = token.acquire(blocking=False)
+                if held:
+                    sent = True
+                    active = self.sends_active
+                    if send is not None and not self.sends_waiting and len(active) < self.max_sends:
+                        # (_post_send, inline: its tile was looked up when it was staged)
+                        active.append(self.net.isend(tile, send.dst, send.tag))
+                        self.sends_active_msgs.append((send, end))
+                        stats = self.stats
+                        stats.sent += 1
+                        stats.bytes_sent += send.nbytes
+                        if len(active) > stats.peak_sends:
+                            stats.peak_sends = len(active)
+                    else:
+                        self.sends_waiting.extend(self.plan.sends[t])
+                        self._post_sends()
+            return entry, done_at, t, value, exc, ran, start, end, sent
+        finally:
+            if held:
+                token.release()
 
     def _direct_done(self, index, entry, done_at, t, value, exc, ran, start, end, sent) -> None:
         """The counters and the trace of a task :meth:`_run_direct` ran. Lock not held
         on entry, held on exit."""
         self.lock.acquire()
-        self.started[index] = 0.0
-        self.waits[t] = 0
-        self._delivered(entry, done_at, None)
-        # (the worker counts its idle time from before it polled: this was not idle)
-        self.trace.waits[index][0] -= end - start
-        if not ran:
-            self.state[t] = READY  # not run: the run is stopping
-            return
-        if exc is not None:
-            self.trace.task(t, index, start, end, TASK_FAILED)
-            self._fail(t, exc)
-            return
-        self.mean_task += 0.1 * (min(end - start, 2 * self.short_task) - self.mean_task)
-        self.trace.task(t, index, start, end, TASK_DONE)
-        self.stats.direct += 1
         try:
+            self.started[index] = 0.0
+            self.waits[t] = 0
+            self._delivered(entry, done_at, None)
+            # (the worker counts its idle time from before it polled: this was not idle)
+            self.trace.waits[index][0] -= end - start
+            if not ran:
+                self.state[t] = READY  # not run: the run is stopping
+                return
+            if exc is not None:
+                self.trace.task(t, index, start, end, TASK_FAILED)
+                self._fail(t, exc)
+                return
+            took = min(end - start, 2 * self.short_task)
+            self.mean_task += 0.1 * (took - self.mean_task)
+            self.direct_mean += 0.25 * (took - self.direct_mean)
+            self.trace.task(t, index, start, end, TASK_DONE)
+            self.stats.direct += 1
             self._finish(t, value, sent)
         except BaseException as e:  # noqa: BLE001 - a runtime bug: fail loudly
-            self._fail(t, e, state=DONE)
+            self._fail(None, e)
 
     def _call(self, t: int):
         task = self.graph.tasks[t]
