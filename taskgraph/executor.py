@@ -560,8 +560,8 @@ class Executor:
     def _stage(self, req) -> tuple | None:
         """What :meth:`_run_direct` needs to run, the moment it lands, the task that
         the oldest posted receive ``req`` releases (:func:`direct_task`): (req, its
-        entry, the task, its function and arguments, its one tile send and that tile,
-        or None); None if there is no such task. Token held."""
+        entry, the task, its function and arguments, the tile of its one send if that
+        is a tile, else None); None if there is no such task. Token held."""
         entry = self.recvs_active_msgs[0]
         msg, buf, _ = entry
         sending = [m for m, _ in self.sends_active_msgs] if self.sends_active else ()
@@ -586,8 +586,8 @@ class Executor:
                         return None
                 args.append(arr)
         sends = self.plan.sends.get(t, ())
-        send = sends[0] if len(sends) == 1 and sends[0].kind == "tile" else None
-        return req, entry, t, task.fn.fn, args, send, self._payload(send) if send else None
+        tile = self._payload(sends[0]) if len(sends) == 1 and sends[0].kind == "tile" else None
+        return req, entry, t, task.fn.fn, args, tile
 
     def _run_direct(self, index: int, staged: tuple, done_at: float) -> tuple:
         """The receive :meth:`_stage` staged a task for landed: take it off the posted
@@ -599,7 +599,7 @@ class Executor:
         token held, so that its send goes out with nothing in between; else the token
         is free while it runs, for the other threads, and the send goes out if the
         token is free again after it (else with the next poll)."""
-        _, entry, t, fn, args, send, tile = staged
+        _, entry, t, fn, args, tile = staged
         token = self.net_token
         held = True
         try:
@@ -627,19 +627,7 @@ class Executor:
                     held = token.acquire(blocking=False)
                 if held:
                     sent = True
-                    active = self.sends_active
-                    if send is not None and not self.sends_waiting and len(active) < self.max_sends:
-                        # (_post_send, inline: its tile was looked up when it was staged)
-                        active.append(self.net.isend(tile, send.dst, send.tag))
-                        self.sends_active_msgs.append((send, end))
-                        stats = self.stats
-                        stats.sent += 1
-                        stats.bytes_sent += send.nbytes
-                        if len(active) > stats.peak_sends:
-                            stats.peak_sends = len(active)
-                    else:
-                        self.sends_waiting.extend(self.plan.sends[t])
-                        self._post_sends()
+                    self._post_task_sends(t, tile, end)  # (its tile looked up when staged)
             return entry, done_at, t, value, exc, ran, start, end, sent
         finally:
             if held:
@@ -717,16 +705,7 @@ class Executor:
         if not token.acquire(blocking=False):
             return False
         try:
-            msgs = self.plan.sends[t]
-            if (
-                len(msgs) == 1
-                and not self.sends_waiting
-                and len(self.sends_active) < self.max_sends
-            ):
-                self._post_send(msgs[0])  # the common case: one message, a free slot
-            else:
-                self.sends_waiting.extend(msgs)
-                self._post_sends()
+            self._post_task_sends(t)
         finally:
             token.release()
         return True
@@ -962,12 +941,26 @@ class Executor:
             posted = True
         return posted
 
-    def _post_send(self, msg: Message) -> None:
-        """Post one send (a slot is free). Token held."""
-        payload = self._tile_arrays.get(msg.data) if msg.kind == "tile" else None
+    def _post_task_sends(self, t: int, payload=None, at: float | None = None) -> None:
+        """Post task t's sends, or queue them for a free slot. Token held. ``payload``
+        and ``at``: see :meth:`_post_send` (for a task with one send)."""
+        msgs = self.plan.sends[t]
+        if len(msgs) == 1 and not self.sends_waiting and len(self.sends_active) < self.max_sends:
+            self._post_send(msgs[0], payload, at)  # the common case: one message, a free slot
+        else:
+            self.sends_waiting.extend(msgs)
+            self._post_sends()
+
+    def _post_send(self, msg: Message, payload=None, at: float | None = None) -> None:
+        """Post one send (a slot is free). Token held. ``payload``: the message's
+        buffer if known (else looked up); ``at``: the time traced as its posting (else
+        now)."""
         if payload is None:
-            payload = self._payload(msg)
-        at = self.trace.clock()  # before the call: the message may land before it returns
+            payload = self._tile_arrays.get(msg.data) if msg.kind == "tile" else None
+            if payload is None:
+                payload = self._payload(msg)
+        if at is None:
+            at = self.trace.clock()  # before the call: the message may land before it returns
         active = self.sends_active
         active.append(self.net.isend(payload, msg.dst, msg.tag))
         self.sends_active_msgs.append((msg, at))
