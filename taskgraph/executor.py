@@ -459,8 +459,10 @@ class Executor:
         soon as a task is ready, and hands polling back to the progress thread.
 
         Where the oldest receive releases a task (:func:`direct_task`), the worker
-        resolves that task's arguments now (:meth:`_stage`), tests that receive first
-        (alone, three polls in four), and runs the task the moment it lands
+        resolves that task's arguments before it polls (:meth:`_stage`), then tests
+        that receive alone, and every 4th time the rest of the network too and that
+        receive once more; the moment it lands (in any of those calls: MPI moves a
+        message in whichever call finds it) the worker runs the task
         (:meth:`_run_direct`).
         """
         lock = self.lock
@@ -481,29 +483,39 @@ class Executor:
                     try:
                         full = True
                         direct = None
+                        # stage the task the oldest receive releases, if any, once per
+                        # receive and again whenever counters moved; before polling, so
+                        # that a tile already there is taken the same way
+                        if active and active[0] is not tried and not self.ready:
+                            tried = active[0]
+                            staged = self._stage(tried)
                         if staged is not None and active and active[0] is staged[0]:
+                            full = False
                             if self.sends_active and self.waits[staged[2]] > 1:
                                 got = self._test_sends()  # (a send the task waits for)
-                            if staged[0].Test():
+                            landed = staged[0].Test()
+                            if not landed and stats.polls & 3:
+                                stats.polls += 1
+                            elif not landed:
+                                # every 4th time, the rest of the network too, and then
+                                # this receive again: a tile that lands during one of
+                                # those calls is still taken here (1 MiB: 12 % of hops)
+                                got = self._poll(True, skip_oldest=True) or got
+                                landed = staged[0].Test()
+                            if landed:
                                 done_at = clock()
+                                if self.waits[staged[2]] > 1 and self.sends_active:
+                                    # the test that landed the tile may have completed
+                                    # the send too (its acknowledgement comes first)
+                                    got = self._test_sends() or got
                                 if self.waits[staged[2]] == 1:
                                     direct = staged
                                 else:  # a send it waits for is still out: as usual
-                                    got = self._received([0], done_at)
+                                    got = self._received([0], done_at) or got
                                 staged = None
-                                full = False
-                            elif stats.polls & 3:  # (and all of a poll every 4th time)
-                                stats.polls += 1
-                                full = False
                         if full:
-                            got = self._poll(True) or got
-                            # stage the task the oldest receive releases, if any, once
-                            # per receive and again whenever counters moved
-                            if got:
-                                tried = None
-                            if not self.ready and active and active[0] is not tried:
-                                tried = active[0]
-                                staged = self._stage(tried)
+                            if self._poll(True):
+                                got, tried = True, None
                     except BaseException as exc:  # noqa: BLE001 - reported to every rank
                         token.release()
                         lock.acquire()
@@ -827,12 +839,14 @@ class Executor:
         self.recvs_active_msgs: list[tuple[Message, np.ndarray | bytearray, float]] = []
         self.posted_bytes = 0
 
-    def _poll(self, quick: bool = False) -> bool:
+    def _poll(self, quick: bool = False, skip_oldest: bool = False) -> bool:
         """One pass over the network; True if anything happened. Token held.
 
         ``quick`` (an idle worker spinning): of the receives posted, test the oldest
         only, and all of them every 4th poll. Messages mostly arrive in the order they
         were posted, and a Testsome over 16 receives was 2 of an idle poll's 5.4 us.
+        ``skip_oldest``: the caller tests the oldest receive itself (see
+        :meth:`_idle_poll`); the others are tested, all of them.
         """
         busy = False
         if self.outbox:  # appended under the lock; a late one is taken next poll
@@ -851,7 +865,13 @@ class Executor:
         # starts without the sends' bookkeeping in between
         if self.sends_active and self._test_sends():
             busy = True
-        if self.recvs_active and self._test_recvs(not quick or not self.stats.polls & 3):
+        if skip_oldest:
+            tested = len(self.recvs_active) > 1 and self._test_recvs(True, True)
+        else:
+            tested = bool(self.recvs_active) and self._test_recvs(
+                not quick or not self.stats.polls & 3
+            )
+        if tested:
             # a task may be ready: back to it now, and probe only every 8th time
             polls = self.stats.polls = self.stats.polls + 1
             if polls & 7:
@@ -1035,8 +1055,13 @@ class Executor:
             buf = self._tile_buffer(msg) if msg.kind == "tile" else bytearray(nbytes)
             self._start_recv(msg, self.net.recv_probed(handle, buf), buf)
 
-    def _test_recvs(self, full: bool = True) -> bool:
-        done = self.net.test_some(self.recvs_active, full)
+    def _test_recvs(self, full: bool = True, skip_oldest: bool = False) -> bool:
+        """Test the posted receives (``full`` False: the oldest only; ``skip_oldest``:
+        all but the oldest), deliver those that completed; True if any did. Token held."""
+        if skip_oldest:
+            done = [i + 1 for i in self.net.test_some(self.recvs_active[1:], full)]
+        else:
+            done = self.net.test_some(self.recvs_active, full)
         if not done:
             return False
         # traced by the worker after its task (see _finish), not on the task's way

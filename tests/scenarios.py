@@ -530,8 +530,13 @@ def _ring(X, hops: int, name: str) -> tg.Graph:
 
 @scenario
 def tasks_run_the_moment_their_tile_lands():
-    """A ring of hops: on 2 ranks or more, the polling worker runs most hops itself
-    the moment the tile lands (stats.direct), and the values come out right."""
+    """A ring of hops: on 2 ranks or more, the polling worker runs nearly every hop
+    itself the moment the tile lands (stats.direct), and the values come out right.
+
+    7/8 at least: 97-100 % here at 64 B and at 256 KiB, on 2 and 3 ranks. Before the
+    worker staged the task ahead of its first poll, a 64 B tile already there when it
+    began to poll went the usual way (35-45 % ran at once); before it kept the tile
+    out of every 4th poll's other calls, 256 KiB on 2 ranks had 78-86 %."""
     size, hops = cluster().size, 240
     rows = max(2, size)
     for nbytes in (64, 1 << 18):
@@ -546,7 +551,7 @@ def tasks_run_the_moment_their_tile_lands():
         if size == 1:
             assert direct == 0  # no messages
         else:
-            assert direct > hops // 8, f"{nbytes} B: {direct} of {hops} hops ran at once"
+            assert direct >= hops * 7 // 8, f"{nbytes} B: {direct} of {hops} hops ran at once"
         assert sum(cluster().world.allgather(run.stats.tasks)) == hops
 
 
