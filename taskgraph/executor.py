@@ -494,12 +494,14 @@ class Executor:
                             if self.sends_active and self.waits[staged[2]] > 1:
                                 got = self._test_sends()  # (a send the task waits for)
                             landed = staged[0].Test()
-                            if not landed and stats.polls & 3:
+                            if not landed and stats.polls & 3 != 3:
                                 stats.polls += 1
                             elif not landed:
                                 # every 4th time, the rest of the network too, and then
                                 # this receive again: a tile that lands during one of
-                                # those calls is still taken here (1 MiB: 12 % of hops)
+                                # those calls is still taken here (1 MiB: 12 % of hops).
+                                # (at polls = 3 mod 4: _poll counts itself, and probes
+                                # every time it brings the count to 0 mod 8)
                                 got = self._poll(True, skip_oldest=True) or got
                                 landed = staged[0].Test()
                             if landed:
@@ -846,7 +848,7 @@ class Executor:
         only, and all of them every 4th poll. Messages mostly arrive in the order they
         were posted, and a Testsome over 16 receives was 2 of an idle poll's 5.4 us.
         ``skip_oldest``: the caller tests the oldest receive itself (see
-        :meth:`_idle_poll`); the others are tested, all of them.
+        :meth:`_idle_poll`); the others are tested, all of them, whatever ``quick``.
         """
         busy = False
         if self.outbox:  # appended under the lock; a late one is taken next poll
@@ -866,7 +868,7 @@ class Executor:
         if self.sends_active and self._test_sends():
             busy = True
         if skip_oldest:
-            tested = len(self.recvs_active) > 1 and self._test_recvs(True, True)
+            tested = len(self.recvs_active) > 1 and self._test_recvs(skip_oldest=True)
         else:
             tested = bool(self.recvs_active) and self._test_recvs(
                 not quick or not self.stats.polls & 3
@@ -1057,9 +1059,10 @@ class Executor:
 
     def _test_recvs(self, full: bool = True, skip_oldest: bool = False) -> bool:
         """Test the posted receives (``full`` False: the oldest only; ``skip_oldest``:
-        all but the oldest), deliver those that completed; True if any did. Token held."""
+        all but the oldest, ``full`` or not), deliver those that completed; True if any
+        did. Token held."""
         if skip_oldest:
-            done = [i + 1 for i in self.net.test_some(self.recvs_active[1:], full)]
+            done = [i + 1 for i in self.net.test_some(self.recvs_active[1:])]
         else:
             done = self.net.test_some(self.recvs_active, full)
         if not done:
