@@ -869,10 +869,10 @@ class Executor:
             busy = True
         if skip_oldest:
             tested = len(self.recvs_active) > 1 and self._test_recvs(skip_oldest=True)
+        elif self.recvs_active:
+            tested = self._test_recvs(not quick or not self.stats.polls & 3)
         else:
-            tested = bool(self.recvs_active) and self._test_recvs(
-                not quick or not self.stats.polls & 3
-            )
+            tested = False
         if tested:
             # a task may be ready: back to it now, and probe only every 8th time
             polls = self.stats.polls = self.stats.polls + 1
