@@ -36,8 +36,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import nested
 from .access import Access, Mode
 from .errors import GraphError
+from .kernel import check_timeout
 
 if TYPE_CHECKING:
     from .tiled import Tile, TiledMatrix
@@ -146,12 +148,28 @@ class Future(TaskRef):
 
 
 class TaskFunction:
-    """A plain Python function that records a task when called inside a graph."""
+    """A plain Python function that records a task when called inside a graph.
 
-    def __init__(self, fn: Callable, cost: float = 1.0):
+    Made by :func:`task`. Outside ``with tg.Graph():`` a call just calls ``fn``.
+
+    Parameters
+    ----------
+    fn:
+        The function. Its arguments may be constants, futures, tiles (read), marked
+        tiles, and lists, tuples, dicts and sets holding futures (each future is a
+        dependency, and the function gets its value in its place).
+    cost:
+        The task's cost for priorities (the unit of a kernel's flops).
+    timeout:
+        Seconds the task may run before the run fails naming it; None: the run's
+        default (``task_timeout``), if any.
+    """
+
+    def __init__(self, fn: Callable, cost: float = 1.0, timeout: float | None = None):
         self.fn = fn
         self.name = fn.__name__
         self.cost_value = cost
+        self.timeout = check_timeout(timeout, f"task {fn.__name__}")
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
@@ -167,11 +185,28 @@ class TaskFunction:
         return f"<tg.task {self.name}>"
 
 
-def task(fn: Callable | None = None, *, cost: float = 1.0):
-    """Make a plain function a task: inside a graph, calls return :class:`Future` s."""
+def task(fn: Callable | None = None, *, cost: float = 1.0, timeout: float | None = None):
+    """Make a plain function a task: inside a graph, calls return :class:`Future` s.
+
+    Use as ``@tg.task``, ``@tg.task(cost=..., timeout=...)`` or ``tg.task(fn)``.
+
+    Parameters
+    ----------
+    fn:
+        The function. Called inside ``with tg.Graph():`` it records a task and returns
+        a :class:`Future`; outside, it runs at once. Futures given to it, alone or
+        inside a list, tuple, dict (values) or set, are dependencies and arrive as
+        their values. A plain NumPy array given to it is a constant of the graph and
+        arrives read-only: a write into it fails the task.
+    cost:
+        The task's cost, used for priorities (critical path first).
+    timeout:
+        Seconds the task may run before the run fails naming it (None: the run's
+        ``task_timeout``).
+    """
     if fn is None:
-        return lambda f: TaskFunction(f, cost)
-    return TaskFunction(fn, cost)
+        return lambda f: TaskFunction(f, cost, timeout)
+    return TaskFunction(fn, cost, timeout)
 
 
 _stack = threading.local()
@@ -377,7 +412,8 @@ class Graph:
             else:
                 hint = "kernels take marked tiles such as A[i, j].rw"
             raise GraphError(
-                f"task {kernel.name}(...): argument {i + 1} ({a!r}) is not a marked tile; " + hint
+                f"task {kernel.name}(...): argument {i + 1} ({nested.describe(a)}) is not a "
+                "marked tile; " + hint
             )
 
     def add_call(self, fn: TaskFunction, args, kwargs) -> Future:
@@ -386,17 +422,20 @@ class Graph:
             future = self._add_plain_call(fn, args)
             if future is not None:
                 return future
-        encode = self._encode
-        enc_args = tuple([encode(a) for a in args])
-        enc_kwargs = {k: encode(v) for k, v in kwargs.items()} or None
         tid = len(self.tasks)
+        task_fn: TaskFunction | nested.PackedCall
+        if nested.needs_packing(args, kwargs):  # futures in containers, or arrays
+            task_fn, enc_args = nested.pack(fn, args, kwargs, self._encode)
+            enc_kwargs = None
+        else:
+            encode = self._encode
+            task_fn, enc_args = fn, tuple([encode(a) for a in args])
+            enc_kwargs = {k: encode(v) for k, v in kwargs.items()} or None
 
         def label() -> str:  # only an error message needs it
-            parts = [self._arg_label(a) for a in enc_args]
-            parts += [f"{k}={self._arg_label(v)}" for k, v in (enc_kwargs or {}).items()]
-            return f"{fn.name}#{tid}({', '.join(parts)})"
+            return f"{fn.name}#{tid}({self._args_label(task_fn, enc_args, enc_kwargs)})"
 
-        self._record(fn, enc_args, enc_kwargs, label, fn.cost_value)
+        self._record(task_fn, enc_args, enc_kwargs, label, fn.cost_value)
         # the value this task returns is data too, written by it
         d = len(self.data)
         self.data.append(Data(None, None, tid))
@@ -561,16 +600,20 @@ class Graph:
         if t.kwargs is None and all(isinstance(a, Ref) for a in t.args) and t.args:
             if all(self.data[a.data].is_tile for a in t.args):
                 return f"{t.name}({', '.join(self.data[a.data].label() for a in t.args)})"
-        parts = [self._arg_label(a) for a in t.args]
-        parts += [f"{k}={self._arg_label(v)}" for k, v in (t.kwargs or {}).items()]
-        return f"{t.name}#{tid}({', '.join(parts)})"
+        return f"{t.name}#{tid}({self._args_label(t.fn, t.args, t.kwargs)})"
+
+    def _args_label(self, fn, args, kwargs) -> str:
+        if isinstance(fn, nested.PackedCall):
+            return fn.label([self._arg_label(a) for a in args])
+        parts = [self._arg_label(a) for a in args]
+        parts += [f"{k}={self._arg_label(v)}" for k, v in (kwargs or {}).items()]
+        return ", ".join(parts)
 
     def _arg_label(self, a) -> str:
         if isinstance(a, Ref):
             d = self.data[a.data]
             return repr(d.tile) if d.is_tile else f"<task {d.producer}>"
-        text = repr(a)
-        return text if len(text) <= 40 else text[:37] + "..."
+        return nested.describe(a)
 
     def drop_caches(self) -> None:
         """Forget the successor lists (they are rebuilt when next needed)."""

@@ -29,10 +29,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .access import Access, Mode, parse_modes
+from .errors import GraphError
 
 
 class Kernel:
-    """A tile function with declared access modes, shapes, dtypes and cost."""
+    """A tile function with declared access modes, shapes, dtypes and cost.
+
+    Made by :func:`kernel` (see it for the parameters). Called on marked tiles inside
+    ``with tg.Graph():`` it records a task; called on NumPy arrays outside a graph it
+    runs at once; called on plain arrays inside a graph it raises :class:`GraphError`
+    (the call would run now and record nothing).
+    """
 
     def __init__(
         self,
@@ -45,6 +52,7 @@ class Kernel:
         flops: Callable[..., float] | None = None,
         compile: Callable[[np.dtype], None] | None = None,
         nogil: bool | None = None,
+        timeout: float | None = None,
     ):
         self.fn = fn
         # whether a call runs without the GIL (then two workers of a rank overlap even
@@ -64,6 +72,8 @@ class Kernel:
         # (mode, shape, dtype) per argument -> (problem or "", flops): see Graph
         self.signatures: dict[tuple, tuple[str, float]] = {}
         self._compile = compile
+        # seconds a task of this kernel may run before the run fails naming it
+        self.timeout = check_timeout(timeout, f"kernel {self.name}")
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__name__ = self.name
 
@@ -77,7 +87,19 @@ class Kernel:
         for a in args:
             if isinstance(a, Access) or hasattr(a, "matrix"):
                 return _graph().current(self.name).add_kernel_task(self, args)
+        if _graph().active() is not None:
+            self._refuse_in_graph(args)
         return self.fn(*args)
+
+    def _refuse_in_graph(self, args) -> None:
+        from .nested import describe
+
+        shown = ", ".join(describe(a) for a in args)
+        raise GraphError(
+            f"kernel call {self.name}({shown}) inside `with tg.Graph():` would run at once "
+            "and record no task: plain NumPy arrays have no access marks yet. Pass marked "
+            "tiles of a TiledMatrix (A[i, j].rw), or call the kernel outside the graph"
+        )
 
     # -- pure checks, used when a task is recorded -------------------------------------
 
@@ -143,6 +165,16 @@ def releases_gil(fn: Callable) -> bool:
     )
 
 
+def check_timeout(timeout: float | None, what: str) -> float | None:
+    """``timeout`` as float seconds (None stays None); ValueError naming ``what``
+    (``"task f"``) unless it is a positive number."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"{what}: timeout must be a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
 def _check_dims(name: str, dims: Sequence[str], shapes: Sequence[tuple]) -> str:
     sizes: dict[str, tuple[int, int]] = {}
     for i, (spec, shape) in enumerate(zip(dims, shapes)):
@@ -169,12 +201,37 @@ def kernel(
     flops: Callable[..., float] | None = None,
     compile: Callable[[np.dtype], None] | None = None,
     nogil: bool | None = None,
+    timeout: float | None = None,
 ):
     """Declare a tile kernel; usable as ``@kernel(modes=...)`` or ``kernel(fn, modes=...)``.
 
-    ``nogil``: whether the function runs without the GIL (default: True for a numba
-    function compiled with ``nogil=True``, else False). A rank's workers share short
-    tasks only when they do (see :func:`taskgraph.executor.short_task_limit`)."""
+    Parameters
+    ----------
+    fn:
+        The function on NumPy tiles (often a numba ``njit(nogil=True)`` function).
+    modes:
+        How it uses each argument, ``"r,rw"`` or ``("r", "rw")``: read, write or both.
+        The marks at a call site (``A[i, j].rw``) must agree.
+    name:
+        The name in labels and traces (default: the function's).
+    dims:
+        One letter per axis of each argument, ``"mk,nk,mn"``: equal letters must have
+        equal sizes, checked when a task is recorded.
+    dtypes:
+        The dtypes it accepts (all tile arguments of a call share one).
+    flops:
+        ``flops(**sizes)``, the cost of one call from the sizes named in ``dims``;
+        used for priorities and GFLOP/s (default 1.0).
+    compile:
+        ``compile(dtype)`` compiles it ahead for a dtype (see :meth:`Kernel.compile`).
+    nogil:
+        Whether the function runs without the GIL (default: True for a numba
+        function compiled with ``nogil=True``, else False). A rank's workers share
+        short tasks only when they do (see :func:`taskgraph.executor.short_task_limit`).
+    timeout:
+        Seconds one of its tasks may run before the run fails naming it (None: the
+        run's ``task_timeout``).
+    """
 
     def wrap(f: Callable) -> Kernel:
         return Kernel(
@@ -186,6 +243,7 @@ def kernel(
             flops=flops,
             compile=compile,
             nogil=nogil,
+            timeout=timeout,
         )
 
     return wrap(fn) if fn is not None else wrap
