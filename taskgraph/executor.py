@@ -54,6 +54,7 @@ before the run's communicator is freed, so every rank raises the same
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import gc
 import heapq
@@ -88,6 +89,47 @@ SHORT_TASK = 50e-6
 # that limit, and the workers took turns at them
 SHORT_KERNEL = 20e-6
 PARK = 200e-6  # a parked worker looks again this often, and helps with a task this old
+# seconds a worker still in its task when the run stops (a failure, a cancel, a
+# timeout) is given before it is interrupted and abandoned: the other ranks and the
+# next run do not wait for it
+STOP_GRACE = 2.0
+WATCH = 0.05  # the progress thread looks at least this often for tasks past their timeout
+
+
+class TaskAbandoned(BaseException):
+    """Raised in a worker thread whose task ran past its timeout, or was still running
+    when its run stopped: the run has ended without it (a BaseException, so that a task's
+    own ``except Exception`` does not swallow it)."""
+
+
+def interrupt_thread(thread: threading.Thread) -> bool:
+    """Raise :class:`TaskAbandoned` in ``thread`` (``PyThreadState_SetAsyncExc``).
+
+    A pure-Python loop sees it within a few bytecodes, a ``time.sleep`` when the sleep
+    ends; a call into C that never returns (a kernel, a blocking read) never sees it.
+    True if the exception was set."""
+    ident = thread.ident
+    if ident is None or not thread.is_alive():
+        return False
+    setexc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    n = setexc(ctypes.c_ulong(ident), ctypes.py_object(TaskAbandoned))
+    if n > 1:  # (never for one thread id, but the C API asks for the undo)
+        setexc(ctypes.c_ulong(ident), None)
+    return n == 1
+
+
+def timeouts_by_function(fns, default: float | None) -> dict:
+    """Each function's time limit in seconds: its own ``timeout`` attribute (from
+    ``@tg.task(timeout=)`` or ``tg.kernel(timeout=)``), else ``default``; functions
+    without a limit are left out."""
+    out = {}
+    for fn in fns:
+        limit = getattr(fn, "timeout", None)
+        if limit is None:
+            limit = default
+        if limit is not None:
+            out[fn] = float(limit)
+    return out
 
 
 class State(enum.IntEnum):
@@ -235,7 +277,14 @@ class Executor:
         workers: int = 1,
         pool: BufferPool | None = None,
         trace: bool = True,
+        task_timeout: float | None = None,
     ):
+        """``graph`` and ``plan``: what to run (this rank's share); ``network``: this
+        run's communicator; ``workers``: worker threads; ``pool``: receive buffers kept
+        between runs; ``trace``: record events; ``task_timeout``: seconds a task may run
+        unless its function has a ``timeout`` of its own (None: no limit). A task past
+        its limit fails the run with a TaskError naming it, on every rank; its thread is
+        interrupted and abandoned (see :func:`interrupt_thread`)."""
         self.graph = graph
         self.plan = plan
         self.net = network
@@ -291,6 +340,10 @@ class Executor:
         self.refs: dict[tuple[int, int], int] = {}  # readers left per received buffer
         self._running = 0
         self.started = [0.0] * self.nworkers  # each worker's task start, 0.0: none
+        self.current = [-1] * self.nworkers  # each worker's task, -1: none
+        self._abandoned: set[int] = set()  # workers the run no longer waits for
+        self._stuck: list[str] = []  # their tasks, described for the error
+        self._cancel: str | None = None  # a cancel's reason, until the progress thread acts
         self.mean_task = 1.0  # seconds, a running average (no task seen yet: long)
         # ... of the tasks run the moment their tile landed (none yet: short, so the
         # first holds the network token, and one long one is enough to stop that)
@@ -300,15 +353,20 @@ class Executor:
         self._pickle_here = {
             t for t, msgs in plan.sends.items() if any(m.kind == "value" for m in msgs)
         }
+        # sink values are shared with every rank at the end: pickled as their task ends,
+        # so that one that cannot be pickled fails its task (and the run, on every rank)
+        # instead of the collective that shares them
+        if network.size > 1:
+            self._pickle_here.update(plan.results)
         self.exception: BaseException | None = None
         self.trace_parts: list | None = None
         # tasks long enough that the progress thread should poll while they run
         self._long = {t for t in plan.tasks if graph.tasks[t].cost >= LONG_TASK}
+        fns = {graph.tasks[t].fn for t in plan.tasks}
         self.short_task = (
-            short_task_limit({graph.tasks[t].fn for t in plan.tasks})
-            if self.nworkers > 1
-            else SHORT_TASK  # (one worker never parks)
+            short_task_limit(fns) if self.nworkers > 1 else SHORT_TASK  # (one never parks)
         )
+        self._limits = timeouts_by_function(fns, task_timeout)
         for t in plan.tasks:
             if self.waits[t] == 0:
                 self._make_ready(t)
@@ -378,19 +436,25 @@ class Executor:
                     self._move(t, RUNNING)  # raises
                 self.state[t] = RUNNING
                 self._running += 1
+                self.current[index] = t
                 self.started[index] = start = now()
                 lock.release()
                 if t in self._long and self.net.size > 1:
                     self.wake.set()  # the progress thread polls while this task runs
                 try:
                     value = self._call(t)
-                    if t in self._pickle_here:  # a value another rank reads: pickle it now
+                    if t in self._pickle_here:  # a value another rank (or every one) reads
                         self.pickled[t] = commlib.dumps(value)
                 except BaseException as exc:  # noqa: BLE001 - reported to every rank
                     lock.acquire()
+                    if index in self._abandoned:
+                        return  # the run ended without this task: touch nothing
                     self._running -= 1
                     self.trace.task(t, index, start, now(), TASK_FAILED)
                     self._fail(t, exc)
+                    return
+                if index in self._abandoned:  # back after the run ended without it
+                    lock.acquire()
                     return
                 end = now()
                 # its sends first, if the network is free: they are the critical path
@@ -407,6 +471,7 @@ class Executor:
                 lock.acquire()
                 self._running -= 1
                 self.started[index] = 0.0
+                self.current[index] = -1
                 # capped: a tiny task that waited for the GIL mid-way must not count as
                 # long (two workers taking turns then kept each other from parking)
                 self.mean_task += 0.1 * (min(end - start, 2 * self.short_task) - self.mean_task)
@@ -619,6 +684,7 @@ class Executor:
         try:
             now = self.trace.clock
             self.state[t] = RUNNING  # (READY, then RUNNING: no other thread can reach t)
+            self.current[index] = t
             self.started[index] = start = now()
             del self.recvs_active[0]
             del self.recvs_active_msgs[0]
@@ -636,7 +702,7 @@ class Executor:
                 exc = e
             end = now()
             sent = False
-            if exc is None and ran and t in self.plan.sends:
+            if exc is None and ran and t in self.plan.sends and index not in self._abandoned:
                 if not held:
                     held = token.acquire(blocking=False)
                 if held:
@@ -651,8 +717,11 @@ class Executor:
         """The counters and the trace of a task :meth:`_run_direct` ran. Lock not held
         on entry, held on exit."""
         self.lock.acquire()
+        if index in self._abandoned:
+            return  # back after the run ended without this task: touch nothing
         try:
             self.started[index] = 0.0
+            self.current[index] = -1
             self.waits[t] = 0
             self._delivered(entry, done_at, None)
             # (the worker counts its idle time from before it polled: this was not idle)
@@ -769,8 +838,11 @@ class Executor:
         for msg, posted, done_at in rows:
             message(msg.src, msg.nbytes, msg.tag, posted, -1, done_at)
 
-    def _fail(self, t: int | None, exc: BaseException, state: int = RUNNING) -> None:
-        """Task t raised (or the runtime did, t None): stop this rank. Lock held."""
+    def _fail(
+        self, t: int | None, exc: BaseException, state: int = RUNNING, cancel: bool = False
+    ) -> None:
+        """Task t raised (or the runtime did, t None; ``cancel``: a cancel): stop this
+        rank. Lock held."""
         if t is not None and state == RUNNING:
             self._move(t, FAILED)
         if self.failure is None:
@@ -782,20 +854,79 @@ class Executor:
                 "error": f"{type(exc).__name__}: {exc}",
                 "traceback": "".join(traceback.format_exception(exc)),
                 "origin": True,
+                "cancel": cancel,
             }
             self.exception = exc
         self.stopping = True
         self.lock.notify_all()
         self.wake.set()
 
+    def _check_timeouts(self) -> None:
+        """Fail the run if a worker's task has run past its time limit; that worker is
+        abandoned (interrupted by :meth:`_join_workers`). Lock held."""
+        now = time.perf_counter()
+        tasks = self.graph.tasks
+        for i, t in enumerate(self.current):
+            start = self.started[i]
+            if t < 0 or not start or i in self._abandoned:
+                continue
+            limit = self._limits.get(tasks[t].fn)
+            if limit is not None and now - start > limit:
+                self._abandoned.add(i)
+                self.trace.task(t, i, start, now, TASK_FAILED)
+                self._fail(t, TimeoutError(f"timed out after {limit:g} s"))
+
+    def _join_workers(self, threads: list[threading.Thread]) -> None:
+        """Wait for the workers to stop (the run is stopping). A worker whose task timed
+        out is interrupted at once; one still in its task ``STOP_GRACE`` seconds later
+        is interrupted and abandoned: the run ends without it, it touches nothing of
+        the run if it ever comes back, and its task is named in the error. It holds
+        neither the lock nor the network token meanwhile (both are free while a task
+        runs, but for a short task run the moment its tile lands, whose token no call
+        of the ending run needs). Nothing waits for an abandoned thread: it is a
+        daemon, and a task stuck in a C call stays stuck until the process exits."""
+        for i in sorted(self._abandoned):
+            interrupt_thread(threads[i])
+        deadline = time.monotonic() + STOP_GRACE
+        for th in threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        late = [i for i, th in enumerate(threads) if th.is_alive()]
+        if not late:
+            return
+        with self.lock:
+            cancel = bool(self.failure and self.failure.get("cancel"))
+            when = "after cancel" if cancel else "after the run stopped"
+            now = time.perf_counter()
+            for i in late:
+                t, start = self.current[i], self.started[i]
+                if i in self._abandoned or t < 0:
+                    self._abandoned.add(i)
+                    continue
+                self._abandoned.add(i)
+                if start:
+                    self.trace.task(t, i, start, now, TASK_FAILED)
+                self._stuck.append(
+                    f"task {self.graph.label(t)} on rank {self.net.rank}/{self.net.size} "
+                    f"still running {when} (abandoned after {STOP_GRACE:g} s)"
+                )
+        for i in late:
+            interrupt_thread(threads[i])
+
     def progress(self) -> tuple[int, int]:
         """(tasks done, tasks in all) on this rank."""
         return self.done, len(self.plan.tasks)
 
     def cancel(self, reason: str = "cancelled") -> None:
-        """Stop the run on this rank (and, through the abort, on every rank)."""
-        with self.lock:
-            self._fail(None, RunError(reason))
+        """Stop the run on this rank (and, through the abort, on every rank).
+
+        Safe from any thread, any number of times, during or after the run, and from a
+        signal handler: it takes no lock, only records ``reason`` (the first cancel's
+        stands) and wakes the progress thread, which fails the run within ``WATCH``
+        seconds. A task still running ``STOP_GRACE`` seconds later is abandoned and
+        named in the error (see :meth:`_join_workers`)."""
+        if self._cancel is None:
+            self._cancel = reason
+            self.wake.set()
 
     # -- the progress loop -----------------------------------------------------------
 
@@ -823,8 +954,7 @@ class Executor:
             with self.lock:
                 self.stopping = True
                 self.lock.notify_all()
-            for th in threads:
-                th.join()
+            self._join_workers(threads)
         self.trace.wall = self.trace.now()
         self._record_receives()
         self._conclude()
@@ -913,6 +1043,10 @@ class Executor:
         sleep, idle_since = 0.0, clock()
         while True:
             with self.lock:
+                if self._cancel is not None and self.failure is None:
+                    self._fail(None, RunError(self._cancel), cancel=True)
+                if self._limits:
+                    self._check_timeouts()
                 failed = self.failure is not None
                 all_done = self.done == ntasks
                 pollers = self.pollers
@@ -929,8 +1063,8 @@ class Executor:
                 sleep, idle_since = 0.0, clock()
                 continue
             if not pollers and (net.size == 1 or not self._transfers_left()):
-                # nothing to poll: sleep until a worker hands over
-                self.wake.wait(0.05 if net.size > 1 else None)
+                # nothing to poll: sleep until a worker hands over (or a cancel)
+                self.wake.wait(WATCH if net.size > 1 or self._limits else None)
             else:
                 if pollers:
                     # a worker polls, and wakes this thread when it starts a long task
@@ -1152,6 +1286,8 @@ class Executor:
             net.barrier_start()
             sleep, t0 = 0.0, time.perf_counter()
             while not net.barrier_done():
+                if failure is None and self._cancel is not None:
+                    failure = self._cancel_late()  # this rank's share is done, not the run
                 found = net.probe()  # aborts sent to a rank that already finished
                 if found is not None and found[2] == CONTROL_TAG:
                     buf = bytearray(found[3])
@@ -1159,17 +1295,27 @@ class Executor:
                     continue
                 sleep = commlib.next_sleep(sleep, time.perf_counter() - t0, self.poll_max)
                 time.sleep(sleep)
-            outcomes = net.allgather(failure if failure and failure.get("origin") else None)
-            origins = [o for o in outcomes if o is not None]
+            outcomes = net.allgather(
+                (failure if failure and failure.get("origin") else None, self._stuck)
+            )
+            origins = [o for o, _ in outcomes if o is not None]
             failure = origins[0] if origins else failure
+            stuck = [s for _, part in outcomes for s in part]
+        else:
+            stuck = self._stuck
+        if failure is not None and stuck:
+            failure = dict(failure, error=f"{failure['error']}; " + "; ".join(stuck))
         if self.trace.enabled:  # every rank's events, on rank 0 (failed runs too)
             self.trace_parts = net.gather(self.trace.batch()[0], 0)
         results: dict[int, object] = dict(self.values)  # made here, and every sink
-        if failure is None:
-            mine = {t: self.values[t] for t in self.plan.results if t in self.values}
-            for part in net.allgather(mine):
-                results.update(part)
-        net.close()
+        try:
+            if failure is None:  # (every sink value was pickled as its task ended)
+                mine = {t: self.pickled[t] for t in self.plan.results if t in self.pickled}
+                for rank, part in enumerate(net.allgather(mine)):
+                    if rank != net.rank:
+                        results.update((t, commlib.loads(b)) for t, b in part.items())
+        finally:
+            net.close()
         self.graph.results.update(results)
         if failure is not None and failure["task"] is None:  # a cancel, or a runtime fault
             raise RunError(
@@ -1192,6 +1338,16 @@ class Executor:
             here = failure.get("origin") and failure["rank"] == net.rank
             cause = self.exception if here else None
             raise err from (cause or RemoteTraceback(failure["traceback"]))
+
+    def _cancel_late(self) -> dict:
+        """A cancel came after this rank's tasks ended, while it waits for the others:
+        stop them (an abort), and be the origin of the outcome. Returns the failure."""
+        with self.lock:
+            self._fail(None, RunError(self._cancel), cancel=True)
+            failure = self.failure
+        assert failure is not None
+        self._send_abort(failure)
+        return failure
 
     def _send_abort(self, failure: dict) -> None:
         data = commlib.dumps(failure)

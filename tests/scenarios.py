@@ -589,6 +589,150 @@ def a_task_run_as_its_tile_lands_raises():
     assert sum(cluster().world.allgather(run.stats.tasks)) == 3 * size
 
 
+@scenario
+def unpicklable_sink_value_fails_its_task_on_every_rank():
+    """A value that cannot be pickled, returned by a task nothing reads, fails that task
+    (with its rank) on every rank, not the sharing of results at the end; the next run
+    on the same ranks works. On one rank nothing is shared: the value is simply kept."""
+    c = cluster()
+
+    @tg.task
+    def make_lock(i):
+        return threading.Lock() if i == 0 else i
+
+    with tg.Graph("unpicklable sink") as g:
+        locks = [make_lock(i) for i in range(c.size)]
+    where = tg.make_plan(g, c.size).placement[0]
+    if c.size == 1:
+        c.run(g).wait()
+        assert locks[1:] == [] and isinstance(locks[0].result(), type(threading.Lock()))
+    else:
+        try:
+            c.run(g).wait()
+        except tg.TaskError as err:
+            assert err.task == "make_lock#0(0)" and err.rank == where, (err.task, err.rank)
+            assert "pickle" in str(err) and f"on rank {where}/{c.size}" in str(err), str(err)
+        else:
+            raise AssertionError("an unpicklable sink value must fail its task")
+    with tg.Graph("after") as g2:
+        parts = [make_lock(i + 1) for i in range(2 * c.size)]
+    c.run(g2).wait()
+    assert [p.result() for p in parts] == list(range(1, 2 * c.size + 1))
+
+
+def _stuck_graph(name: str, forever, timeout: float | None = None):
+    """A graph where the last rank runs ``forever`` (a kernel that never returns) and
+    every rank a few short tasks; the tile it writes, and the kernel."""
+    size = cluster().size
+    kern = tg.kernel(forever, modes="rw", dims="mn")
+    if timeout is not None:
+        kern.timeout = timeout  # (what tg.kernel(timeout=) stores)
+
+    @tg.kernel(modes="rw", dims="mn")
+    def bump(t):
+        t += 1.0
+
+    X = tg.TiledMatrix.zeros((2 * size, 2), 2, grid=(size, 1), name="X")
+    with tg.Graph(name) as g:
+        for i in range(size):
+            bump(X[i, 0].rw)
+        kern(X[size - 1, 0].rw)
+    return g
+
+
+def _spin_forever(t):
+    while True:
+        pass
+
+
+def _nap_forever(t):
+    while True:
+        time.sleep(0.05)
+
+
+def _next_run_works() -> None:
+    C = tg.TiledMatrix.random_spd(200, 100)
+    cluster().run(cholesky(C)).wait()
+    assert cholesky_residual(spd_dense(200, 100), gathered_factor(C)) < 1e-14
+
+
+def _no_worker_left(seconds: float = 5.0) -> None:
+    """The abandoned worker was interrupted (a pure-Python loop sees it) and ended."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not [t for t in threading.enumerate() if t.name.startswith("taskgraph-worker")]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("a worker thread is still alive")
+
+
+@scenario
+def a_task_past_its_timeout_fails_the_run_on_every_rank():
+    """A task that never returns, with a timeout, fails the run with a TaskError that
+    names it and its rank, on every rank, soon after its timeout; the other ranks do
+    not wait for it and the next run works (a busy loop, then a sleep loop)."""
+    c = cluster()
+    bad = c.size - 1
+    for forever in (_spin_forever, _nap_forever):
+        g = _stuck_graph("stuck", forever, timeout=0.5)
+        t0 = time.monotonic()
+        try:
+            c.run(g).wait(timeout=30)
+        except tg.TaskError as err:
+            took = time.monotonic() - t0
+            assert took < 8, f"the timeout took {took:.1f} s to stop the run"
+            assert err.task == f"{forever.__name__}(X[{bad},0])" and err.rank == bad, str(err)
+            assert "timed out after 0.5 s" in str(err), str(err)
+        else:
+            raise AssertionError("a task past its timeout must fail the run")
+        _no_worker_left()
+        _next_run_works()
+
+
+@scenario
+def cancel_of_a_task_that_never_returns_stops_the_run():
+    """A cancel (twice, and again from another thread while the run ends) stops a run
+    whose task never returns: RunError naming the task still running, on every rank,
+    within the grace and a few seconds; the next run works."""
+    from taskgraph.executor import STOP_GRACE
+
+    c = cluster()
+    bad = c.size - 1
+    run = c.run(_stuck_graph("stuck", _spin_forever))
+    time.sleep(0.5)
+    stop = threading.Event()
+
+    def keep_cancelling():
+        while not stop.is_set():
+            run.cancel("cancelled again")
+            time.sleep(0.01)
+
+    others = threading.Thread(target=keep_cancelling)
+    t0 = time.monotonic()
+    if c.rank == 0:
+        run.cancel()
+        run.cancel()
+        others.start()
+    try:
+        run.wait(timeout=30)
+    except tg.RunError as err:
+        took = time.monotonic() - t0
+        assert took < STOP_GRACE + 5, f"cancel took {took:.1f} s"
+        text = str(err)
+        assert "cancelled by the user" in text and "on rank 0/" in text, text
+        stuck = f"task _spin_forever(X[{bad},0]) on rank {bad}/{c.size} still running after cancel"
+        assert stuck in text, text
+    else:
+        raise AssertionError("a cancelled run must raise")
+    finally:
+        stop.set()
+        if others.is_alive():
+            others.join(5)
+    run.cancel()  # after the end: nothing happens
+    _no_worker_left()
+    _next_run_works()
+
+
 def main(name: str) -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("SCENARIO_TIMEOUT", "120")), exit=True)
     try:
