@@ -39,6 +39,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -314,15 +315,21 @@ def install_abort_hook(comm, rank: int, size: int) -> None:
 
 
 class World:
-    """The ranks of this job: COMM_WORLD under MPI, or one rank without MPI."""
+    """The ranks of this job: COMM_WORLD under MPI, or one rank without MPI.
+
+    ``values`` is a duplicate of ``comm`` kept for sharing single values after a run
+    (:func:`share_value`), apart from the runs' own communicators and the user's.
+    """
 
     def __init__(self, use_mpi: bool | None = None):
         use_mpi = config.use_mpi() if use_mpi is None else use_mpi
         self.host = socket.gethostname()
-        self.comm = None
+        self.comm: Any = None
+        self.values: Any = None
         self.rank, self.size, self.local_size = 0, 1, 1
         self.single_copy = False
         self.bound_cpus: list[int] | None = None  # this rank's share, if it bound itself
+        self.parent_size = 1  # ranks of the job this world is part of
         if use_mpi:
             if "mpi4py.MPI" not in sys.modules:  # (MPI reads its settings when it starts)
                 enable_single_copy()
@@ -341,13 +348,38 @@ class World:
                 os.environ.get(v, "").strip() == "1" for v in CMA_VARS
             )
             self.rank = self.comm.Get_rank()
-            self.size = self.comm.Get_size()
+            self.size = self.parent_size = self.comm.Get_size()
             if self.size > 1:
                 install_abort_hook(self.comm, self.rank, self.size)
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
             self.local_size = node.Get_size()
             self.bound_cpus = self._bind(node)
             node.Free()
+            self.values = self.comm.Dup()
+
+    def split(self, n: int) -> World | None:
+        """The first ``n`` ranks of this world, as a world of their own; None on the
+        other ranks. Collective: every rank of this world calls it, in the same order."""
+        if not 1 <= n <= self.size:
+            raise ValueError(f"a world of {self.size} ranks has no part of {n} ranks")
+        if n == self.size:
+            return self
+        if self.comm is None:  # (n < size = 1 cannot happen)
+            return self
+        from mpi4py import MPI
+
+        sub = self.comm.Split(0 if self.rank < n else MPI.UNDEFINED, self.rank)
+        if sub == MPI.COMM_NULL:
+            return None
+        part = World.__new__(World)
+        part.host, part.comm, part.values = self.host, sub, sub.Dup()
+        part.rank, part.size = sub.Get_rank(), sub.Get_size()
+        part.single_copy, part.bound_cpus = self.single_copy, self.bound_cpus
+        part.parent_size = self.parent_size
+        node = sub.Split_type(MPI.COMM_TYPE_SHARED)
+        part.local_size = node.Get_size()
+        node.Free()
+        return part
 
     @staticmethod
     def _bind(node) -> list[int] | None:
@@ -410,6 +442,111 @@ class World:
                     buf = scratch[shape] = np.empty(shape, matrix.dtype, order="F")
                 comm.Recv(buf, owner, tag)
                 out[i * t : i * t + shape[0], j * t : j * t + shape[1]] = buf
+
+
+VALUE_TAG = 1  # on World.values: one value, shared by the rank that holds it
+
+
+def share_value(world: World, holder: int, key: tuple, value, timeout: float, what: str):
+    """``value`` (meaningful on rank ``holder`` only) on every rank of ``world``.
+
+    Every rank calls it with the same ``holder`` and ``key``: the holder sends the
+    pickled value to each other rank, the others receive it. Nobody waits past
+    ``timeout`` seconds: a rank that never calls (the script is not the same on every
+    rank) makes the others raise a RunError naming ``what`` and the ranks, instead of
+    hanging. A value that cannot be pickled fails on every rank at once. ``key``
+    travels with the value, so that ranks asking for different values in the same
+    call are told so.
+    """
+    comm = world.values
+    if comm is None or world.size == 1:
+        return value
+    deadline = time.monotonic() + timeout
+    if world.rank == holder:
+        return _send_value(world, key, value, deadline, timeout, what)
+    return _recv_value(world, holder, key, deadline, timeout, what)
+
+
+def _send_value(world: World, key: tuple, value, deadline: float, timeout: float, what: str):
+    from .errors import RunError
+
+    comm = world.values
+    assert comm is not None
+    failure = None
+    try:
+        payload = dumps((key, True, value))
+    except Exception as exc:  # noqa: BLE001 - told to every rank, then raised here
+        failure = exc
+        payload = dumps((key, False, f"{type(exc).__name__}: {exc}"))
+    others = [r for r in range(world.size) if r != world.rank]
+    reqs = [comm.Isend(payload, r, VALUE_TAG) for r in others]
+    pending = _wait_until(reqs, deadline)
+    if pending:
+        ranks = ", ".join(str(others[i]) for i in pending)
+        for i in pending:
+            try:
+                reqs[i].Free()
+            except Exception:  # noqa: BLE001 - already complete or freed
+                pass
+        raise RunError(
+            f"the value of {what} lives on rank {world.rank}: rank(s) {ranks} did not take "
+            f"it within {timeout:g} s. In a batch job every rank must call .result() on "
+            "the same futures, in the same order"
+        )
+    if failure is not None:
+        raise RunError(
+            f"the value of {what} on rank {world.rank} cannot be sent to the other ranks "
+            f"({type(failure).__name__}: {failure})"
+        ) from failure
+    return value
+
+
+def _recv_value(world: World, holder: int, key: tuple, deadline: float, timeout: float, what):
+    from .errors import RunError
+
+    comm = world.values
+    assert comm is not None
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    sleep, t0 = 0.0, time.perf_counter()
+    while (msg := comm.improbe(holder, VALUE_TAG, status)) is None:
+        if time.monotonic() > deadline:
+            raise RunError(
+                f"the value of {what} lives on rank {holder}, which did not send it to rank "
+                f"{world.rank} within {timeout:g} s. In a batch job every rank must call "
+                ".result() on the same futures, in the same order"
+            )
+        sleep = next_sleep(sleep, time.perf_counter() - t0, 1e-3)
+        time.sleep(sleep)
+    buf = bytearray(status.Get_count(MPI.BYTE))
+    msg.Recv(buf)
+    parts: Any = loads(buf)
+    got, ok, value = parts
+    if got != key:
+        raise RunError(
+            f"rank {world.rank} asked rank {holder} for the value of {what}, and got the "
+            f"value of {got[-1]} instead: call .result() on the same futures, in the same "
+            "order, on every rank"
+        )
+    if not ok:
+        raise RunError(
+            f"the value of {what} on rank {holder} cannot be sent to the other ranks ({value})"
+        )
+    return value
+
+
+def _wait_until(reqs: list, deadline: float) -> list[int]:
+    """Wait for MPI requests, sleeping, until ``deadline``; the indices still pending."""
+    pending = list(range(len(reqs)))
+    sleep, t0 = 0.0, time.perf_counter()
+    while pending:
+        pending = [i for i in pending if not reqs[i].Test()]
+        if not pending or time.monotonic() > deadline:
+            break
+        sleep = next_sleep(sleep, time.perf_counter() - t0, 1e-3)
+        time.sleep(sleep)
+    return pending
 
 
 def wait_sleeping(request, poll_max: float = 1e-3) -> None:

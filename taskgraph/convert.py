@@ -7,8 +7,10 @@ has no meaning in batch:
 ======================================  ================================================
 in the notebook                         in the script
 ======================================  ================================================
-``tg.Cluster(n=4)``, ``.attach(...)``   ``tg.Cluster()``: the job's own ranks (n is the
-                                        job's: ``mpiexec -n 4``, ``srun``)
+``tg.Cluster(n=4)``                     ``_tgnb.JobCluster(n=4)``: the job's first 4 ranks
+                                        (an error in a job of fewer ranks)
+``tg.Cluster.attach(...)``              ``_tgnb.JobCluster()``: all the job's ranks
+                                        (``mpiexec -n 4``, ``srun``)
 ``A.gather()`` (array in the client)    ``A.gather(root=None)``: the array on every rank,
                                         so code after it runs the same everywhere
 ``run.show()``, a run displayed         ``run.show()``: a progress line, trace files in
@@ -136,10 +138,7 @@ class Converter:
                 continue
             func = ast.get_source_segment(python, node.func) or ""
             if func in self.cluster_names or _attach_of(func, self.cluster_names):
-                keep = [k for k in node.keywords if k.arg in ("workers", "blas_threads")]
-                args = ", ".join(ast.unparse(k) for k in keep)
-                base = func[: -len(".attach")] if func.endswith(".attach") else func
-                edits.append(_Edit.span(node, f"{base}({args})"))
+                edits.append(_Edit.span(node, _batch_cluster(func, node)))
             elif isinstance(node.func, ast.Attribute) and node.func.attr == "gather":
                 if not node.args and not node.keywords:
                     edits.append(_Edit.span(node, f"{func}(root=None)"))
@@ -311,6 +310,19 @@ def _magic(node: ast.expr | None) -> tuple[str, str, str, str] | None:
     return ("cell", args[0], args[1], args[2])
 
 
+def _batch_cluster(func: str, node: ast.Call) -> str:
+    """``tg.Cluster(n, ...)`` in batch: the job's first n ranks (an error in a job of
+    fewer: never silently another number), also under a plain ``python`` (one rank);
+    ``.attach(...)``: all the job's ranks."""
+    keep = ["workers", "blas_threads"]
+    args = []
+    if not func.endswith(".attach"):
+        keep.append("n")
+        args = [ast.unparse(a) for a in node.args[:1]]
+    args += [ast.unparse(k) for k in node.keywords if k.arg in keep]
+    return f"_tgnb.JobCluster({', '.join(args)})"
+
+
 def _attach_of(func: str, cluster_names: set[str]) -> bool:
     return func.endswith(".attach") and func[: -len(".attach")] in cluster_names
 
@@ -357,7 +369,8 @@ HEADER = '''\
 #!/usr/bin/env python
 """{stem}: converted from the notebook {source} by `taskgraph convert`.
 
-Run it on N MPI ranks (every rank runs this script; tg.Cluster() is the job's ranks):
+Run it on N MPI ranks (every rank runs this script; _tgnb.JobCluster(n) is the job's
+first n ranks, an error in a job of fewer):
 
     mpiexec -n N python {script}
     taskgraph run -n N {script}
@@ -427,6 +440,14 @@ def _barrier() -> None:
         from .comm import world
 
         world().barrier()
+
+
+def JobCluster(n: int | None = None, **kwargs):
+    """``tg.Cluster(...)`` of a converted notebook: :class:`taskgraph.JobCluster`, the
+    job's ranks (never engines, even under a plain ``python``)."""
+    from .cluster import JobCluster as job_cluster
+
+    return job_cluster(n, **kwargs)
 
 
 def rank0_prints() -> None:

@@ -50,17 +50,19 @@ def cell(source: str) -> str:
 # -- the transformation, cell by cell -------------------------------------------------
 
 
-def test_cluster_of_engines_becomes_the_jobs_ranks():
-    assert cell("cluster = tg.Cluster(n=4)") == "cluster = tg.Cluster()\n"
-    assert cell("c = tg.Cluster(4, timeout=60, workers=2)") == "c = tg.Cluster(workers=2)\n"
-    assert cell("c = tg.Cluster.attach(connection_file='x.json')") == "c = tg.Cluster()\n"
+def test_cluster_of_engines_becomes_the_jobs_ranks_never_another_number():
+    assert cell("cluster = tg.Cluster(n=4)") == "cluster = _tgnb.JobCluster(n=4)\n"
+    assert (
+        cell("c = tg.Cluster(4, timeout=60, workers=2)") == "c = _tgnb.JobCluster(4, workers=2)\n"
+    )
+    assert cell("c = tg.Cluster.attach(connection_file='x.json')") == "c = _tgnb.JobCluster()\n"
     assert (
         cell("with tg.Cluster(\n    n=4,\n) as c:\n    pass")
-        == "with tg.Cluster() as c:\n    pass\n"
+        == "with _tgnb.JobCluster(n=4) as c:\n    pass\n"
     )
     conv = Converter()
     conv.cell("from taskgraph import Cluster as C", "cell 1")
-    assert conv.cell("c = C(n=2)", "cell 2") == "c = C()\n"
+    assert conv.cell("c = C(n=2)", "cell 2") == "c = _tgnb.JobCluster(n=2)\n"
     assert conv.imports_taskgraph
 
 
@@ -97,7 +99,7 @@ def test_time_magics_become_timed_blocks():
         "for i in range(2):\n    with _tgnb.timed('time'):\n        f(i)\nz = 0\n"
     )
     assert cell("%time tg.Cluster(n=2).run(g)\nx = 1") == (
-        "with _tgnb.timed('time'):\n    tg.Cluster().run(g)\nx = 1\n"
+        "with _tgnb.timed('time'):\n    _tgnb.JobCluster(n=2).run(g)\nx = 1\n"
     )
 
 
@@ -199,7 +201,7 @@ def test_convert_writes_a_script_headed_by_its_notebook(tmp_path, run_cli):
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "converted from the notebook chol.ipynb" in text
-    assert "_tgnb.rank0_prints()" in text and "tg.Cluster()  # two engines" in text
+    assert "_tgnb.rank0_prints()" in text and "_tgnb.JobCluster(n=2)  # two engines" in text
     compile(text, str(out), "exec")
     to_stdout = run_cli("convert", str(nb), timeout=60)
     assert to_stdout.returncode == 0 and "A.gather(root=None)" in to_stdout.stdout
@@ -212,7 +214,7 @@ def test_the_script_on_two_ranks_prints_what_the_notebook_prints(tmp_path, run_c
     script = tmp_path / "chol.py"
     assert convert.convert_to_file(nb, script) == []
 
-    # the same code in one process, without MPI
+    # in one process, without MPI, the notebook's 2 ranks are not there: a clear error
     one = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
@@ -221,9 +223,8 @@ def test_the_script_on_two_ranks_prints_what_the_notebook_prints(tmp_path, run_c
         text=True,
         timeout=120,
     )
-    assert one.returncode == 0, one.stderr
-    expected = [line for line in one.stdout.splitlines() if line.startswith(("residual", "sum"))]
-    assert len(expected) == 2 and expected[0].endswith("small=True"), one.stdout
+    assert one.returncode != 0
+    assert "Cluster(n=2) inside an MPI job of 1 rank(s)" in one.stderr, one.stderr
 
     # the notebook itself, in a kernel, on 2 real engines, prints the same numbers
     executed = nbformat.read(str(nb), as_version=4)
@@ -248,7 +249,8 @@ def test_the_script_on_two_ranks_prints_what_the_notebook_prints(tmp_path, run_c
         if out.get("name") == "stdout"
         for line in out["text"].splitlines()
     ]
-    assert [line for line in printed if line.startswith(("residual", "sum"))] == expected
+    expected = [line for line in printed if line.startswith(("residual", "sum"))]
+    assert len(expected) == 2 and expected[0].endswith("small=True"), printed
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
