@@ -8,15 +8,23 @@ A run executes on the engine's own ranks exactly as in a batch job (the same
 :class:`~taskgraph.cluster.Run` and executor); the engine's main thread meanwhile
 publishes progress and event batches every ``interval`` seconds with ipyparallel's
 data publication, each under a key of its own (``b000001``, ...), so the notebook's
-``AsyncResult.data`` collects every batch while the run is going. A SIGINT sent to the
-engines (``Client.send_signal``) arrives there as KeyboardInterrupt and cancels the run
-on every rank.
+``AsyncResult.data`` collects every batch while the run is going, and a heartbeat
+(``alive``: a count and the tasks its workers are in) that tells the notebook the
+engine still answers. A SIGINT sent to the engines (``Client.send_signal``) cancels the
+run on every rank: during a run it only sets a flag (a second one, or one that lands in
+the middle of the cancel, changes nothing), and the run ends with a RunError.
+
+:func:`shutdown` ends an engine in order: MPI finalized (its shared memory freed), then
+the process exits, without the traceback and MPI_Abort that a SIGTERM brings.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
+import threading
 import time
 from collections import OrderedDict
 
@@ -26,6 +34,7 @@ from .cluster import current_cluster
 from .errors import TaskgraphError
 from .graph import Graph
 from .tiled import TiledMatrix
+from .watchdog import shm_files
 
 MATRICES: dict[int, TiledMatrix] = {}
 RUNS: OrderedDict[str, Graph] = OrderedDict()  # run id -> graph, the latest few
@@ -35,6 +44,7 @@ KEEP_RUNS = 8
 def whoami(token: str | None = None) -> dict:
     """This engine's rank, world size, host and pid; ``token`` as rank 0 sent it."""
     c = current_cluster()
+    assert c.world is not None  # an engine is always a rank of an MPI world
     seen = c.world.bcast(token, root=0) if c.size > 1 else token
     return {
         "rank": c.rank,
@@ -44,7 +54,34 @@ def whoami(token: str | None = None) -> dict:
         "workers": c.workers,
         "single_copy": c.world.single_copy,
         "token": seen,
+        "shm": sorted(shm_files([os.getpid()])),
     }
+
+
+def shutdown(delay: float = 0.5) -> bool:
+    """Finalize MPI on this rank (every rank calls it together), then end this engine
+    process ``delay`` seconds after the answer leaves. True if MPI was finalized."""
+    sys.excepthook = sys.__excepthook__  # no MPI_Abort for anything said at exit
+    finalized = False
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Barrier()
+            MPI.Finalize()
+            finalized = True
+    threading.Thread(target=_exit_soon, args=(delay,), daemon=True).start()
+    return finalized
+
+
+def _exit_soon(delay: float) -> None:
+    time.sleep(delay)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+    os._exit(0)
 
 
 def build_matrix(spec: dict, fill: bytes | None) -> int:
@@ -91,24 +128,47 @@ def compile_kernels(dtypes=("float64", "float32")) -> float:
 
 def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) -> dict:
     """Run this rank's share of a planned graph; publish progress while it runs.
-    First drop the matrices in ``forget`` (freed in the notebook since the last run)."""
+    First drop the matrices in ``forget`` (freed in the notebook since the last run).
+    ``payload``: the pickled (plan, workers, blas_threads, trace, task_timeout)."""
+    interrupted = threading.Event()
+    previous = _on_sigint(interrupted)
+    try:
+        return _run_graph(payload, run_id, forget, interval, interrupted)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _on_sigint(flag: threading.Event):
+    """SIGINT sets ``flag`` (in the main thread only); the handler it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
+
+
+def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
     for uid in forget:
         forget_matrix(uid)
-    plan, workers, blas_threads, trace = cloudpickle.loads(payload)
+    plan, workers, blas_threads, trace, task_timeout = cloudpickle.loads(payload)
     cluster = current_cluster()
+    extra = {} if task_timeout is None else {"task_timeout": task_timeout}
     run = cluster.run(
-        plan.graph, workers=workers, blas_threads=blas_threads, plan=plan, trace=trace
+        plan.graph, workers=workers, blas_threads=blas_threads, plan=plan, trace=trace, **extra
     )
     publish = _publisher()
     seq, cursor = 0, (0, 0)
     t0 = time.perf_counter()
-    try:
-        while not run.done():
-            run.join(interval)
+    step = min(interval, 0.05)  # a SIGINT is seen within this
+    next_batch = 0.0
+    cancelled = False
+    while not run.done():
+        run.join(step)
+        if interrupted.is_set() and not cancelled:
+            cancelled = True
+            run.cancel("interrupted from the notebook")
+        if time.perf_counter() >= next_batch:
+            next_batch = time.perf_counter() + interval
             seq, cursor = _publish_batch(publish, run, seq, cursor, t0)
-    except KeyboardInterrupt:
-        run.cancel("interrupted from the notebook")
-        run.join()
     seq, cursor = _publish_batch(publish, run, seq, cursor, t0, final=True)
     RUNS[run_id] = plan.graph
     while len(RUNS) > KEEP_RUNS:
@@ -139,9 +199,21 @@ def _publisher():
         return None
 
 
+def _running(ex) -> list[tuple[int, float]]:
+    """(task, seconds it has run) for each busy worker of the executor."""
+    now = time.perf_counter()
+    current = getattr(ex, "current", None) or []
+    started = getattr(ex, "started", None) or []
+    return [(int(t), now - s) for t, s in zip(current, started) if t >= 0 and s]
+
+
 def _publish_batch(publish, run, seq: int, cursor, t0: float, final: bool = False):
     ex = run.executor
-    if publish is None or ex is None:
+    if publish is None:
+        return seq, cursor
+    # the heartbeat, even while kernels compile: this engine still answers
+    publish({"alive": (time.perf_counter() - t0, _running(ex) if ex is not None else [])})
+    if ex is None:
         return seq, cursor
     batch, cursor = ex.trace.batch(cursor)
     done, total = ex.progress()

@@ -18,21 +18,36 @@ sends the plan to every engine in one message. Engine ids are mapped to
 ``COMM_WORLD`` ranks when the cluster connects, and checked: every engine must be in
 one MPI world of exactly n ranks. An engine that dies ends ``wait()`` with a clear
 error within seconds; ``restart()`` gives a fresh set of engines.
+
+A cluster started here cleans up after itself. Engines that die at start are reported
+as soon as their ``mpiexec`` exits, with the tail of their log. ``close()`` ends the
+engines in order (MPI finalized, so MPICH's ``/dev/shm`` segment goes), then the
+controller, then removes what is left (its connection files, any segment our engines
+had mapped). A watchdog process (:mod:`taskgraph.watchdog`) does the same if the client
+dies without closing (SIGKILL included); SIGTERM and SIGHUP close the clusters first,
+then end the process as they would have.
+
+One run at a time: engines execute requests in order, so a second ``run()`` while one
+is going waits on the engines until the first ends; its handle says ``queued`` until
+then (``run.state()``), and ``cancel()`` takes it out of the queue.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import signal
+import threading
 import time
 import uuid
 import weakref
 from collections import deque
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
 
-from . import config, engine_side
+from . import config, engine_side, watchdog
 from .cluster import Cluster
 from .comm import single_copy_env
 from .errors import RemoteTraceback, RunError, TaskError
@@ -42,6 +57,10 @@ from .plan import Plan, make_plan
 from .trace import Trace
 
 _remote_uids = itertools.count(1)
+STUCK_GRACE = 5.0  # seconds past a task's limit before its silent engine is called stuck
+_live: weakref.WeakSet[EngineCluster] = weakref.WeakSet()  # clusters started here, open
+LOG_TAIL = 30  # lines of the engines' log quoted when they die at start
+STOP_TIMEOUT = 10.0  # seconds an orderly engine shutdown may take before they are killed
 
 
 class EngineCluster(Cluster):
@@ -67,6 +86,10 @@ class EngineCluster(Cluster):
         self._owns = _client is None
         # matrices freed here, for the engines to drop with the next run's message
         self._forgotten: deque[int] = deque()
+        self._guard: watchdog.Guard | None = None  # the watchdog of a cluster started here
+        self._marker: str | None = None  # in the environment of its every process
+        self._last_run: EngineRun | None = None
+        self._stuck: str | None = None  # an engine stuck in a task: what it is stuck in
         self.start_seconds = 0.0
         if _client is None:
             if n is None or n < 1:
@@ -82,41 +105,77 @@ class EngineCluster(Cluster):
         from traitlets.config import Config
 
         exe = config.mpiexec()
+        self._marker = uuid.uuid4().hex
+        mark = {watchdog.MARK: self._marker}
         cfg = Config()
         cfg.MPILauncher.mpi_cmd = [exe]
         # engines start MPI before taskgraph is imported: single copy comes from here
-        cfg.MPIEngineSetLauncher.environment = single_copy_env()
+        cfg.MPIEngineSetLauncher.environment = {**single_copy_env(), **mark}
+        cfg.LocalControllerLauncher.environment = mark
         if launcher_flavour(exe) == "openmpi":
             cfg.MPILauncher.mpi_args = ["--oversubscribe", "--allow-run-as-root"]
         t0 = time.perf_counter()
+        guard = watchdog.Guard()  # before anything starts: a kill now is covered too
+        self._guard = guard
         self._ipp = ipp.Cluster(
             n=n,
             engines="mpi",
             controller_ip="127.0.0.1",
+            # the hub warns of every data_message (our progress batches) it does not store
+            controller_args=["--log-level=ERROR"],
             config=cfg,
             engine_timeout=self.timeout,
             log_level=40,
         )
+        guard.watch(self._marker, self._leftover_files())
         try:
             # not start_and_connect: its wait draws ipyparallel's own progress bar in the
             # notebook; _connect waits for the engines quietly
             self._ipp.start_cluster_sync()
+            guard.watch(self._marker, self._leftover_files())
             client = self._ipp.connect_client_sync()
             self._connect(client, n)
         except BaseException:
             self._stop_started()
             raise
+        _live.add(self)
+        _install_signal_handlers()
         self.start_seconds = time.perf_counter() - t0
+
+    def _leftover_files(self) -> list[str]:
+        """What a cluster started here leaves on disk when it is killed: its connection
+        and cluster files, the controller's engine list, the launchers' logs."""
+        ipp = self._ipp
+        if ipp is None:
+            return []
+        profile = Path(ipp.profile_dir)
+        files = [
+            ipp.cluster_file,
+            str(profile / "security" / f"ipcontroller-{ipp.cluster_id}-client.json"),
+            str(profile / "security" / f"ipcontroller-{ipp.cluster_id}-engine.json"),
+            str(profile / "log" / f"engines{ipp.cluster_id}.json"),
+        ]
+        launchers = [ipp.controller, *ipp.engines.values()]
+        return files + [ln.output_file for ln in launchers if ln is not None]
+
+    def _engines_exited(self) -> str | None:
+        """The tail of the engines' log if their mpiexec has exited (None if it runs)."""
+        import psutil
+
+        for es in (self._ipp.engines.values() if self._ipp is not None else ()):
+            proc = getattr(es, "process", None)
+            try:
+                running = proc is not None and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                running = False
+            if not running:
+                return _tail(es.output_file)
+        return None
 
     def _connect(self, client, n: int | None) -> None:
         self.client = client
         if n is not None:
-            try:
-                client.wait_for_engines(n, timeout=self.timeout, interactive=False)
-            except TimeoutError:
-                raise RunError(
-                    f"only {len(client.ids)} of {n} engines registered within {self.timeout} s"
-                ) from None
+            self._await_engines(client, n)
         ids = sorted(client.ids)
         if not ids:
             raise RunError("the cluster has no engines")
@@ -131,6 +190,24 @@ class EngineCluster(Cluster):
         self.view.block = False
         self.hosts = [info["host"] for info in self.infos]
         self.generation = getattr(self, "generation", 0) + 1
+        self._last_run = None
+        self._stuck = None
+
+    def _await_engines(self, client, n: int) -> None:
+        """Wait for n engines; fail at once, with their log, if their mpiexec exits."""
+        deadline = time.monotonic() + self.timeout
+        while len(client.ids) < n:
+            log = self._engines_exited() if self._owns else None
+            if log is not None:
+                raise RunError(
+                    f"the engines exited before {n - len(client.ids)} of {n} registered; "
+                    f"the end of their log:\n{log}"
+                )
+            if time.monotonic() > deadline:
+                raise RunError(
+                    f"only {len(client.ids)} of {n} engines registered within {self.timeout} s"
+                )
+            time.sleep(0.1)
 
     @classmethod
     def attach(
@@ -172,8 +249,14 @@ class EngineCluster(Cluster):
     # -- lifetime --------------------------------------------------------------------
 
     def close(self) -> None:
-        """Disconnect; stop the controller and engines if this cluster started them."""
+        """Disconnect; stop the controller and engines if this cluster started them.
+
+        Engines started here end in order (MPI finalized, shared memory freed), then
+        the controller; leftovers are removed. A run still going is cancelled first."""
+        _live.discard(self)
         client = getattr(self, "client", None)
+        if client is not None and self._owns:
+            self._shutdown_engines()
         if client is not None:
             try:
                 client.close()
@@ -183,30 +266,51 @@ class EngineCluster(Cluster):
         if self._owns:
             self._stop_started()
 
+    def _shutdown_engines(self) -> None:
+        """Cancel what runs, then finalize MPI on every engine and let them exit."""
+        last = self._last_run
+        try:
+            if last is not None and not last.done():
+                last.cancel()
+                last.ar.wait(STOP_TIMEOUT)
+            if self._stuck is None and self.alive():
+                ar = self.view.apply_async(engine_side.shutdown)
+                ar.wait(STOP_TIMEOUT)
+                deadline = time.monotonic() + STOP_TIMEOUT
+                while self._engines_exited() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - what is left is killed by _stop_started
+            pass
+
     def _stop_started(self) -> None:
+        """Stop what _start started, then remove every process and file left of it."""
+        shm = [f for info in getattr(self, "infos", []) for f in info.get("shm", ())]
+        files = self._leftover_files()
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
             except Exception:  # noqa: BLE001 - stop everything we can
                 pass
+        if self._marker is not None:
+            watchdog.stop(self._marker, files, shm)
+        if self._guard is not None:
+            self._guard.release()
+            self._guard = None
 
     def restart(self) -> EngineCluster:
         """Fresh engines (all of them: one MPI world). Matrices must be made again."""
         if not self._owns or self._ipp is None:
             raise RunError("only a cluster started here (Cluster(n=...)) can be restarted")
         n = len(self.engine_ids)
-        try:
-            self.client.close()
-        except Exception:  # noqa: BLE001
-            pass
-        self._stop_started()
+        self.close()
         self.generation += 1
         self._start(n)
         return self
 
     def alive(self) -> bool:
         """Whether every engine of this cluster is still registered."""
-        return self.client is not None and set(self.engine_ids) <= set(self.client.ids)
+        client = getattr(self, "client", None)
+        return client is not None and set(self.engine_ids) <= set(client.ids)
 
     # -- data ------------------------------------------------------------------------
 
@@ -286,15 +390,75 @@ class EngineCluster(Cluster):
         blas_threads: int | None = None,
         plan: Plan | None = None,
         trace: bool = True,
+        task_timeout: float | None = None,
     ) -> EngineRun:
-        """Plan here, send graph and plan to every engine in one message; returns at once."""
+        """Plan here, send graph and plan to every engine in one message; returns at once.
+
+        ``workers``, ``blas_threads``: per engine (default: the cluster's); ``plan``: a
+        plan made already; ``trace``: record events; ``task_timeout``: seconds a task
+        may run unless its function has a ``timeout`` of its own (None: no limit). A
+        task past its limit fails the run, naming it; an engine stuck in it (a call into
+        C that never returns) is reported by ``wait()`` within the limit plus
+        ``STUCK_GRACE`` seconds. A run started while another is going is queued behind
+        it (``run.state() == "queued"``) and starts when that one ends."""
         if self.client is None:
             raise RunError("the cluster is closed")
+        if self._stuck is not None:
+            raise RunError(f"{self._stuck}; cluster.restart() starts fresh engines")
         for m in graph.matrices():
             self._check_current(m)
-        return EngineRun(
-            self, graph, workers or self.workers, blas_threads or self.blas_threads, plan, trace
+        run = EngineRun(
+            self,
+            graph,
+            workers or self.workers,
+            blas_threads or self.blas_threads,
+            plan,
+            trace,
+            task_timeout,
+            previous=self._last_run,
         )
+        self._last_run = run
+        return run
+
+def _tail(path: str, lines: int = LOG_TAIL) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+_previous_handlers: dict[int, object] = {}
+
+
+def _install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP (a closed SSH session) close this process's clusters first,
+    then do what they did before: the default (end the process) or the handler that
+    was there. Ignored signals stay ignored; only the main thread can install."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if sig in _previous_handlers:
+            continue
+        current = signal.getsignal(sig)
+        if current is signal.SIG_IGN or current is None:
+            continue
+        _previous_handlers[sig] = current
+        signal.signal(sig, _close_then_resignal)
+
+
+def _close_then_resignal(signum, frame) -> None:
+    for cluster in list(_live):
+        try:
+            cluster.close()
+        except Exception:  # noqa: BLE001 - the watchdog removes what is left
+            pass
+    previous = _previous_handlers.pop(signum, signal.SIG_DFL)
+    signal.signal(signum, previous)  # type: ignore[arg-type]
+    if callable(previous):
+        previous(signum, frame)
+    else:
+        os.kill(os.getpid(), signum)
 
 
 def check_one_world(ids: list[int], infos: list[dict], token: str) -> None:
@@ -326,22 +490,36 @@ def _forget(cluster_ref, uid: int) -> None:
 
 
 class EngineRun:
-    """A graph running on the engines; returned at once by :meth:`EngineCluster.run`."""
+    """A graph running on the engines; returned at once by :meth:`EngineCluster.run`.
+
+    States (:meth:`state`): ``"queued"`` while an earlier run of the cluster is still
+    going (the engines take one request at a time), ``"running"``, then ``"done"``
+    (``wait()`` says whether it failed)."""
 
     def __init__(
-        self, cluster: EngineCluster, graph: Graph, workers, blas_threads, plan, trace=True
+        self,
+        cluster: EngineCluster,
+        graph: Graph,
+        workers,
+        blas_threads,
+        plan,
+        trace=True,
+        task_timeout: float | None = None,
+        previous: EngineRun | None = None,
     ):
         self.cluster = cluster
         self.graph = graph
         self.plan = plan if plan is not None else make_plan(graph, cluster.size)
         self.id = uuid.uuid4().hex[:12]
+        self.task_timeout = task_timeout
+        self._previous = previous if previous is not None and not previous.done() else None
         graph.results.clear()
         graph.result_ranks.clear()
         graph.result_ranks.update(
             (t.id, self.plan.placement[t.id]) for t in graph.tasks if not hasattr(t.fn, "modes")
         )
         graph.fetch = self._fetch
-        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace))
+        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout))
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
         forget = []
@@ -351,26 +529,48 @@ class EngineRun:
         self._seen: list[set[str]] = [set() for _ in range(cluster.size)]
         self._kept: list[dict] = []  # every batch, for the trace
         self._trace: Trace | None = None
+        self._cancelled = False
+        self._heard: dict[int, tuple[object, float]] = {}  # rank -> (heartbeat, when seen)
         self.summaries: list[dict] | None = None
         self.seconds = 0.0
         self.compile_seconds = 0.0
         self.wall_seconds = 0.0
 
     def __repr__(self) -> str:
-        state = "done" if self.done() else "running"
-        return f"<Run {self.graph.name!r} on {self.cluster.size} engines: {state}>"
+        return f"<Run {self.graph.name!r} on {self.cluster.size} engines: {self.state()}>"
 
     def done(self) -> bool:
         return self.ar.ready()
 
+    def queued(self) -> bool:
+        """Whether the run waits for an earlier run of the cluster to end."""
+        prev = self._previous
+        if prev is not None and prev.done():
+            self._previous = prev = None
+        return prev is not None and not self.done()
+
+    def state(self) -> str:
+        """``"queued"``, ``"running"`` or ``"done"``."""
+        if self.done():
+            return "done"
+        return "queued" if self.queued() else "running"
+
     def wait(self, timeout: float | None = None) -> EngineRun:
-        """Block until the run ends everywhere; raise its error (TaskError, RunError)."""
+        """Block until the run ends everywhere; raise its error (TaskError, RunError).
+
+        ``timeout``: seconds, then TimeoutError (the run goes on). An engine stuck in a
+        task past its time limit raises RunError naming the task and rank. Ctrl-C
+        cancels the run, waits up to 10 s for it to stop, and raises KeyboardInterrupt;
+        a second Ctrl-C meanwhile stops only the waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not self.ar.ready():
                 self.ar.wait(0.2)
-                if not self.ar.ready() and not self.cluster.alive():
+                if self.ar.ready():
+                    break
+                if not self.cluster.alive():
                     raise RunError(self.cluster._dead_message())
+                self._check_stuck()
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run of {self.graph.name!r} still going after {timeout} s")
         except KeyboardInterrupt:
@@ -382,6 +582,41 @@ class EngineRun:
         self._conclude()
         return self
 
+    def _limit(self, tid: int) -> float | None:
+        own = getattr(self.graph.tasks[tid].fn, "timeout", None)
+        return own if own is not None else self.task_timeout
+
+    def _check_stuck(self) -> None:
+        """RunError if an engine's heartbeat shows a task past its time limit (plus
+        ``STUCK_GRACE``): the engine did not end it, and may not even answer."""
+        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
+        now = time.monotonic()
+        for rank, per_engine in enumerate(data):
+            beat = per_engine.get("alive") if isinstance(per_engine, dict) else None
+            if beat is None:
+                continue
+            heard = self._heard.get(rank)
+            if heard is None or heard[0] != beat:
+                self._heard[rank] = heard = (beat, now)
+            _, running = beat
+            for tid, seconds in running:
+                limit = self._limit(tid)
+                if limit is None:
+                    continue
+                ran = seconds + now - heard[1]
+                if ran > limit + STUCK_GRACE:
+                    self._report_stuck(tid, rank, ran, limit)
+
+    def _report_stuck(self, tid: int, rank: int, ran: float, limit: float) -> None:
+        what = (
+            f"task {self.graph.label(tid)} on rank {rank}/{self.cluster.size} has run "
+            f"{ran:.0f} s, past its time limit of {limit:g} s, and its engine did not stop it "
+            "(a call that never returns)"
+        )
+        self.cancel()
+        self.cluster._stuck = what
+        raise RunError(f"{what}: cluster.restart() starts fresh engines")
+
     def _conclude(self) -> None:
         if self.summaries is not None:
             return
@@ -390,6 +625,10 @@ class EngineRun:
         except Exception as exc:  # an engine died or the engine function failed
             if not self.cluster.alive():
                 raise RunError(self.cluster._dead_message()) from exc
+            if self._cancelled and "abort" in f"{type(exc).__name__} {exc}".lower():
+                raise RunError(
+                    f"run of {self.graph.name!r} was cancelled before it started"
+                ) from None
             raise
         self.wall_seconds = time.perf_counter() - self.t0
         self.seconds = max(s["seconds"] for s in self.summaries)
@@ -401,9 +640,17 @@ class EngineRun:
             raise err from cause
 
     def cancel(self) -> None:
-        """Stop the run on every engine (a SIGINT each); ``wait()`` then raises."""
-        if not self.ar.ready():
-            self.cluster.client.send_signal(signal.SIGINT, targets=self.cluster.engine_ids)
+        """Stop the run on every engine; ``wait()`` then raises RunError. A queued run is
+        taken out of the engines' queue; a running one gets one SIGINT per engine, and
+        cancelling again changes nothing."""
+        if self._cancelled or self.ar.ready():
+            return
+        self._cancelled = True
+        client = self.cluster.client
+        if self.queued():
+            client.abort(self.ar, targets=self.cluster.engine_ids, block=False)
+        else:
+            client.send_signal(signal.SIGINT, targets=self.cluster.engine_ids)
 
     def result(self, future=None):
         """Wait, then the value of ``future`` (or of the graph's only result)."""
@@ -470,7 +717,7 @@ class EngineRun:
             return sum(s["stats"]["tasks"] for s in self.summaries), self.graph.ntasks
         data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
         for per_engine in data:
-            for key in sorted(per_engine):
+            for key in sorted(k for k in per_engine if k.startswith("b")):
                 b = per_engine[key]
                 latest[b["rank"]] = (b["done"], b["total"])
         return sum(d for d, _ in latest.values()), self.graph.ntasks
