@@ -278,13 +278,15 @@ class Executor:
         pool: BufferPool | None = None,
         trace: bool = True,
         task_timeout: float | None = None,
+        compile_seconds: float = 0.0,
     ):
         """``graph`` and ``plan``: what to run (this rank's share); ``network``: this
         run's communicator; ``workers``: worker threads; ``pool``: receive buffers kept
         between runs; ``trace``: record events; ``task_timeout``: seconds a task may run
         unless its function has a ``timeout`` of its own (None: no limit). A task past
         its limit fails the run with a TaskError naming it, on every rank; its thread is
-        interrupted and abandoned (see :func:`interrupt_thread`)."""
+        interrupted and abandoned (see :func:`interrupt_thread`). ``compile_seconds``:
+        the time spent compiling kernels before the run, traced apart from its time."""
         self.graph = graph
         self.plan = plan
         self.net = network
@@ -300,6 +302,7 @@ class Executor:
             network.rank,
             network.host,
         )
+        self.trace.compile_seconds = compile_seconds
         self.max_sends = config.max_sends()
         self.recv_budget = config.recv_budget()
         self.poll_max = config.poll_max()
@@ -330,7 +333,7 @@ class Executor:
         self._keeps_value: dict = {}  # task function -> whether its value is kept
         self._tile_arrays: dict[int, np.ndarray] = {}  # data -> its local tile
         self._remote_tiles: set[int] = set()  # data: tiles of other ranks
-        self.recv_rows: list[tuple[Message, float, float]] = []  # traced in _finish
+        self.recv_rows: list[tuple[Message, float, float, int]] = []  # traced in _finish
         self.done = 0
         self.outbox: list[int] = []  # finished tasks whose sends are still to post
         self.failure: dict | None = None  # first local failure, or a remote abort
@@ -835,8 +838,8 @@ class Executor:
         from a message to the task it releases: the worker records it after that task."""
         rows, self.recv_rows = self.recv_rows, []
         message = self.trace.message
-        for msg, posted, done_at in rows:
-            message(msg.src, msg.nbytes, msg.tag, posted, -1, done_at)
+        for msg, posted, done_at, nbytes in rows:
+            message(msg.src, nbytes, msg.tag, posted, -1, done_at)
 
     def _fail(
         self, t: int | None, exc: BaseException, state: int = RUNNING, cancel: bool = False
@@ -1122,7 +1125,7 @@ class Executor:
         self.sends_active_msgs.append((msg, at))
         stats = self.stats
         stats.sent += 1
-        stats.bytes_sent += msg.nbytes
+        stats.bytes_sent += msg.nbytes if msg.kind != "value" else len(payload)
         if len(active) > stats.peak_sends:
             stats.peak_sends = len(active)
 
@@ -1235,15 +1238,17 @@ class Executor:
         ``values``: the unpickled values by (tag, source)): its data is here for its
         readers. Lock held; the caller counts down the readers."""
         msg, buf, posted = entry
-        if self.trace.enabled:
-            self.recv_rows.append((msg, posted, done_at))
+        kind = msg.kind
         nbytes = msg.nbytes
+        # (a value's planned size is a guess: its real one is the pickle received)
+        real = nbytes if kind != "value" else len(buf)
+        if self.trace.enabled:
+            self.recv_rows.append((msg, posted, done_at, real))
         self.recvs_left -= 1
         self.posted_bytes -= nbytes
         stats = self.stats
         stats.received += 1
-        stats.bytes_received += nbytes
-        kind = msg.kind
+        stats.bytes_received += real
         if kind != "signal":
             key = (msg.data, msg.producer)
             self.received[key] = buf if kind == "tile" else values[msg.tag, msg.src]  # type: ignore[index]
@@ -1258,7 +1263,8 @@ class Executor:
         try:
             woken = 0
             for msg, posted in finished:
-                self.trace.message(msg.dst, msg.nbytes, msg.tag, posted, +1)
+                nbytes = msg.nbytes if msg.kind != "value" else len(self.pickled[msg.producer])
+                self.trace.message(msg.dst, nbytes, msg.tag, posted, +1)
                 woken += self._count_down(msg.release)
             if woken and self.waiting:
                 self.lock.notify(woken)

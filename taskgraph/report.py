@@ -53,5 +53,8 @@ def report_html(trace) -> str:
 
 
 def write_report(trace, path) -> str:
-    Path(path).write_text(report_html(trace))
-    return str(path)
+    """Write the report of ``trace`` to ``path``, whole or not at all
+    (:func:`~taskgraph.trace.write_atomic`); returns ``path`` as a string."""
+    from .trace import write_atomic
+
+    return write_atomic(path, report_html(trace))

@@ -22,7 +22,10 @@ builtin: a method that subtracted the start was 9 Python calls on every task's p
 from __future__ import annotations
 
 import graphlib
+import os
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +53,7 @@ class Recorder:
         # seconds each worker spent waiting: [waiting on communication, idle]
         self.waits = [[0.0, 0.0] for _ in range(workers)]  # (lists: a numpy += was 0.3 us)
         self.wall = 0.0  # the run's duration on this rank, set at the end
+        self.compile_seconds = 0.0  # compiling kernels before the run (not in its time)
         n = ntasks if enabled else 0
         m = nmessages if enabled else 0
         # Python lists, not NumPy arrays: a store is 13 ns against 44, and a task's
@@ -147,9 +151,36 @@ class Recorder:
             "workers": self.workers,
             "waits": [list(w) for w in self.waits],
             "wall": self.wall or self.now(),
+            "compile": self.compile_seconds,
             "events": events,
         }
         return out, (t, m)
+
+
+# -- files ---------------------------------------------------------------------------
+
+
+def write_atomic(path, text: str) -> str:
+    """Write ``text`` to ``path`` whole or not at all: to a temporary name in the same
+    directory, then renamed over ``path`` (``os.replace``), so that a reader, or
+    another process writing the same path, never sees half a file. On failure (a
+    read-only or full directory) the old file is left as it was, the temporary one
+    removed, and an OSError raised that names ``path``. Returns ``path`` as a string."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        # (os.open with 0o666, not mkstemp's 0o600: the file gets the umask's mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
+    return str(path)
 
 
 # -- the merged trace of a run -------------------------------------------------------
@@ -200,9 +231,14 @@ class Trace:
             self.kernel_total[k] += 1
         self.status = "empty" if not labels else "running"
         self.error: str | None = None
-        self.elapsed = 0.0
+        self.elapsed = 0.0  # the run's time so far, compiling kernels before it left out
+        self.compile_seconds = 0.0
+        self.rebased = 0  # times the time base moved earlier (rows already shown moved)
+        self._host_of: dict[int, str] = {}
+        self._end_of: dict[int, float] = {}  # each rank's time so far, on the merged base
         self.critical: dict = {"length": 0.0, "makespan": 0.0, "tasks": []}
         self._clock: tuple[str, float] | None = None  # (host, time zero) of the base rank
+        self.ranks_seen: set[int] = set()  # ranks whose batches were ingested
 
     @classmethod
     def for_graph(cls, graph, nranks: int) -> Trace:
@@ -217,11 +253,15 @@ class Trace:
     def ingest(self, batch: dict) -> tuple[list[list], list[list]]:
         """Add one rank's batch; returns the new task rows and message rows."""
         rank = batch["rank"]
+        self.ranks_seen.add(rank)
         self.workers[rank] = batch["workers"]
         self.waits[rank] = batch["waits"]
         self.wall[rank] = batch["wall"]
-        self.elapsed = max(self.elapsed, batch.get("elapsed", batch["wall"]))
+        self.compile_seconds = max(self.compile_seconds, batch.get("compile", 0.0))
         shift = self._shift(batch)
+        # (not the batch's "elapsed": an engine counts from before it compiled kernels)
+        self._end_of[rank] = batch["wall"] + shift
+        self.elapsed = max(self.elapsed, self._end_of[rank])
         ev = batch["events"]["tasks"]
         rows = []
         for tid, w, s, e, st in zip(ev["id"], ev["worker"], ev["start"], ev["end"], ev["state"]):
@@ -254,15 +294,47 @@ class Trace:
 
     def _shift(self, batch: dict) -> float:
         """Seconds to add to a rank's times. Ranks on one host share its monotonic clock,
-        so their times go onto one base exactly (the first rank seen there); ranks on
-        other hosts keep the alignment of the start barrier (tens of µs to a few ms)."""
+        so their times go onto one base exactly: the earliest start of a rank seen
+        there, so that no time is negative (a rank that left the start barrier first
+        may run all its tasks before another starts its clock); when an earlier one
+        comes, the rows already merged move (:meth:`_rebase`). Ranks on other hosts
+        keep the alignment of the start barrier (tens of µs to a few ms)."""
         host, t0 = batch.get("host"), batch.get("t0")
         if not host or t0 is None:
             return 0.0
+        self._host_of[batch["rank"]] = host
         if self._clock is None:
             self._clock = (host, t0)
         base_host, base_t0 = self._clock
-        return t0 - base_t0 if host == base_host else 0.0
+        if host != base_host:
+            return 0.0
+        if t0 < base_t0:
+            self._rebase(host, base_t0 - t0)
+            self._clock = (host, t0)
+            base_t0 = t0
+        return t0 - base_t0
+
+    def _rebase(self, host: str, delta: float) -> None:
+        """The time base of ``host`` moved ``delta`` seconds earlier: the merged times of
+        its ranks grow by ``delta``."""
+        on = {r for r, h in self._host_of.items() if h == host}
+        for row in self.tasks:
+            if row[0] in on:
+                row[2] += delta
+                row[3] += delta
+        for row in self.messages:
+            if row[0] in on:
+                row[4] += delta
+            if row[1] in on:
+                row[5] += delta
+        for (src, dst, _), half in self._half.items():
+            if (src if half[0] > 0 else dst) in on:
+                half[1] += delta
+                half[2] += delta
+        for r in on & self._end_of.keys():
+            self._end_of[r] += delta
+        self.elapsed = max(self._end_of.values(), default=0.0)
+        self.rebased += 1
 
     def finish(self, error: str | None = None) -> None:
         """The run ended (well, or with ``error``): settle status and critical path."""
@@ -342,6 +414,7 @@ class Trace:
             "total": total,
             "percent": 100.0 * done / total if total else 100.0,
             "elapsed": self.elapsed,
+            "compile": self.compile_seconds,
             "rate": rate,
             "eta": eta,
             "kernels": [
@@ -392,6 +465,7 @@ class Trace:
             "tasks": len(self.tasks),
             "failed_tasks": sum(1 for row in self.tasks if row[6] == TASK_FAILED),
             "makespan": self.makespan,
+            "compile_seconds": self.compile_seconds,
             "critical_path": self.critical["length"],
             "critical_path_fraction": (
                 self.critical["length"] / self.makespan if self.makespan else 0.0
@@ -403,6 +477,13 @@ class Trace:
         }
 
     # -- files ----------------------------------------------------------------------------
+
+    @property
+    def only_another_rank(self) -> bool:
+        """True for ``run.trace`` on a rank other than 0 of a batch job: it holds that
+        rank's own events only, while rank 0's holds every rank's. Such a trace writes
+        no file (see :meth:`to_chrome`)."""
+        return bool(self.ranks_seen) and 0 not in self.ranks_seen
 
     def to_dict(self) -> dict:
         return {
@@ -422,6 +503,7 @@ class Trace:
             "status": self.status,
             "error": self.error,
             "elapsed": self.elapsed,
+            "compile_seconds": self.compile_seconds,
             "critical": self.critical,
         }
 
@@ -437,6 +519,7 @@ class Trace:
             t.workers, t.waits, t.wall = d["workers"], d["waits"], d["wall"]
             t.status, t.error, t.elapsed = d["status"], d["error"], d["elapsed"]
             t.critical = d["critical"]
+            t.compile_seconds = d.get("compile_seconds", 0.0)  # (older files have none)
             for row in t.tasks:
                 if row[6] == TASK_DONE:
                     t.kernel_done[row[4]] += 1
@@ -446,8 +529,21 @@ class Trace:
         return t
 
     def to_chrome(self, path) -> str:
-        """Chrome trace-event JSON (opens in Perfetto), with this trace inside to reload."""
+        """Write Chrome trace-event JSON to ``path`` (opens in Perfetto), with this trace
+        inside to reload (:meth:`load`); returns ``path`` as a string.
+
+        In a batch job every rank runs the script, so every rank may call this on the
+        same path: only rank 0, whose trace holds every rank's events, writes; on the
+        other ranks (:attr:`only_another_rank`) this writes nothing and returns the
+        path. (A rank's own events are in ``run.executor.trace``.) The file is written
+        to a temporary name beside ``path`` and renamed, so it is never half-written;
+        an OSError (a read-only or full directory) names ``path`` and leaves any old
+        file as it was.
+        """
         import json
+
+        if self.only_another_rank:
+            return str(path)
 
         events: list[dict] = []
         for r in range(self.nranks):
@@ -527,9 +623,7 @@ class Trace:
                 }
             )
         doc = {"traceEvents": events, "displayTimeUnit": "ms", "taskgraph": self.to_dict()}
-        with open(path, "w") as f:
-            json.dump(doc, f)
-        return str(path)
+        return write_atomic(path, json.dumps(doc))
 
     save = to_chrome
 
@@ -550,9 +644,13 @@ class Trace:
         return cls.from_dict(doc["taskgraph"])
 
     def to_html(self, path) -> str:
-        """A standalone report (no network needed) with the same views as the widget."""
+        """Write a standalone report to ``path`` (no network needed) with the same views
+        as the widget; returns ``path`` as a string. Written by rank 0 only, whole or
+        not at all, as :meth:`to_chrome`."""
         from .report import write_report
 
+        if self.only_another_rank:
+            return str(path)
         return write_report(self, path)
 
     def __repr__(self) -> str:

@@ -87,11 +87,14 @@ class RunView(anywidget.AnyWidget):
         with self._lock:
             rows: list[list] = []
             msgs: list[list] = []
+            rebased = self.trace.rebased
             for batch in self.run.batches():
                 new_rows, new_msgs = self.trace.ingest(batch)
                 rows += new_rows
                 msgs += new_msgs
-            if rows or msgs:
+            if self.trace.rebased != rebased:  # rows already drawn moved: draw all again
+                self._replay()
+            elif rows or msgs:
                 self.send(self.trace.event_rows(rows, msgs))
             self.state = self.trace.state()
             self.updates += 1
@@ -173,10 +176,14 @@ class TextView:
                 break
             time.sleep(self.interval)
         bar.close()
-        trace = self.run.trace
-        if loud:
-            self.files = write_files(trace, self.directory)
-            print(f"taskgraph: trace written to {', '.join(self.files)}", file=self.stream)
+        if not loud:
+            return
+        try:
+            self.files = write_files(self.run.trace, self.directory)
+        except OSError as exc:  # one line, not a traceback from this thread
+            print(f"taskgraph: warning: trace not written: {exc}", file=self.stream)
+            return
+        print(f"taskgraph: trace written to {', '.join(self.files)}", file=self.stream)
 
     def wait(self, timeout: float | None = None) -> TextView:
         self._thread.join(timeout)
@@ -184,7 +191,13 @@ class TextView:
 
 
 def write_files(trace: Trace, directory: Path) -> list[str]:
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write ``trace`` as Chrome JSON and as an HTML report into ``directory`` (made if
+    missing); each file whole or not at all. Returns the paths; raises OSError (naming
+    the directory or file) where they cannot be written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot make {directory}: {exc.strerror or exc}") from exc
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", trace.title) or "run"
     return [
         trace.to_chrome(directory / f"{stem}.trace.json"),

@@ -213,3 +213,205 @@ def test_tracing_off_records_nothing_but_runs():
     run = tg.current_cluster().run(g, trace=False).wait()
     assert run.trace.tasks == [] and run.stats.tasks == g.ntasks == 4
     assert np.isfinite(run.seconds)
+
+
+def test_an_earlier_rank_on_the_same_host_moves_the_time_base_and_loses_nothing():
+    """Rank 1 started its clock 0.5 s before rank 0 (it left the start barrier first)
+    and ran its task then: merged after rank 0, its task keeps its place, before rank
+    0's, and no time is negative (the view draws from 0: such a lane showed empty)."""
+    tr = Trace("clocks", 2, ["a", "b"], [0, 0], ["k"])
+    tr.ingest(one_task_batch(0, "node1", 100.5, 0.1, 0.2))
+    tr.ingest(one_task_batch(1, "node1", 100.0, 0.1, 0.2))
+    times = {row[0]: (row[2], row[3]) for row in tr.tasks}
+    assert times[1] == pytest.approx((0.1, 0.2))
+    assert times[0] == pytest.approx((0.6, 0.7))
+    assert tr.rebased == 1 and tr.elapsed == pytest.approx(1.5)
+
+
+def test_a_message_half_merged_before_the_time_base_moves_moves_with_it():
+    tr = Trace("clocks", 2, ["a", "b"], [0, 0], ["k"])
+    b0 = one_task_batch(0, "node1", 10.5, 0.0, 0.1)
+    b0["events"]["messages"] = {
+        "peer": [1],
+        "bytes": [8],
+        "tag": [3],
+        "posted": [0.1],
+        "done": [0.2],
+        "dir": [1],
+    }
+    b1 = one_task_batch(1, "node1", 10.0, 0.7, 0.8)
+    b1["events"]["messages"] = {
+        "peer": [0],
+        "bytes": [8],
+        "tag": [3],
+        "posted": [0.0],
+        "done": [0.65],
+        "dir": [-1],
+    }
+    tr.ingest(b0)
+    tr.ingest(b1)
+    assert tr.messages == [[0, 1, 8, 3, pytest.approx(0.6), pytest.approx(0.65)]]
+
+
+def test_compile_time_is_shown_apart_from_the_runs_elapsed_time():
+    tr = Trace("c", 1, ["a"], [0], ["k"])
+    batch = one_task_batch(0, "node1", 5.0, 0.0, 0.04)
+    batch.update(wall=0.042, compile=3.5, elapsed=3.542)  # an engine's elapsed: with compile
+    tr.ingest(batch)
+    p = tr.progress()
+    assert p["elapsed"] == pytest.approx(0.042) and p["compile"] == 3.5
+    assert tr.summary()["compile_seconds"] == 3.5
+    assert Trace.from_dict(tr.to_dict()).compile_seconds == 3.5
+
+
+def test_a_run_traces_its_compile_time_apart():
+    from taskgraph import comm
+    from taskgraph.executor import Executor
+
+    g = naps(2)
+    ex = Executor(g, tg.make_plan(g, 1).for_rank(0), comm.Network(), compile_seconds=2.5)
+    ex.run()
+    assert ex.trace.batch()[0]["compile"] == 2.5
+
+
+@tg.kernel(modes="rw", dims="mn")
+def _nap(t):
+    pass
+
+
+def naps(n: int) -> tg.Graph:
+    B = tg.TiledMatrix.zeros((2, 2), 2)
+    with tg.Graph("naps") as g:
+        for _ in range(n):
+            _nap(B[0, 0].rw)
+    return g
+
+
+FULL_DISK = """
+import os, resource, signal, sys
+import taskgraph as tg
+from taskgraph.trace import Trace
+path = sys.argv[1]
+tr = Trace.load(path)
+tr.title = "x" * 100_000  # far over the limit below
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+for write in (tr.to_chrome, tr.to_html):
+    try:
+        write(path)
+    except OSError as exc:
+        assert str(path) in str(exc), exc
+        print("REFUSED", type(exc).__name__, exc)
+    else:
+        raise AssertionError("the write should have failed")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_trace_file_is_whole_or_untouched_when_the_disk_is_full(tmp_path):
+    """A write that fails half-way (here: past a file-size limit, as on a full disk)
+    leaves the old file as it was and no temporary file, and says which path."""
+    import subprocess
+    import sys
+
+    run = tg.current_cluster().run(naps(3)).wait()
+    path = tmp_path / "t.json"
+    run.trace.to_chrome(path)
+    before = path.read_bytes()
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(path)], capture_output=True, text=True, timeout=50
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("REFUSED") == 2, proc.stdout
+    assert path.read_bytes() == before
+    assert Trace.load(path).summary()["tasks"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+
+
+def test_show_warns_once_where_the_trace_directory_cannot_be_written(tmp_path):
+    """run.show()'s files, in a directory that cannot be made (under a file; as root,
+    a read-only directory is no obstacle): one warning line, no traceback from the
+    view's thread, and the run's result is intact."""
+    import io
+
+    from taskgraph.widgets import TextView
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    stream = io.StringIO()
+    run = tg.current_cluster().run(naps(3))
+    view = TextView(run, directory=str(blocker / "traces"), stream=stream)
+    run.wait()
+    view.wait(30)
+    assert not view._thread.is_alive()
+    lines = [x for x in stream.getvalue().splitlines() if "taskgraph:" in x]
+    assert len(lines) == 1 and "warning: trace not written" in lines[0], stream.getvalue()
+    assert str(blocker / "traces") in lines[0] and "Traceback" not in stream.getvalue()
+    assert view.files == []
+
+
+def test_a_trace_holding_another_ranks_events_only_writes_nothing(tmp_path):
+    """On ranks other than 0 of a batch job, run.trace has that rank's events only:
+    writing it to the path every rank names would clobber rank 0's whole trace."""
+    tr = Trace("clocks", 2, ["a", "b"], [0, 0], ["k"])
+    tr.ingest(one_task_batch(1, "node1", 1.0, 0.1, 0.2))
+    assert tr.only_another_rank
+    assert tr.to_chrome(tmp_path / "t.json") == str(tmp_path / "t.json")
+    assert tr.to_html(tmp_path / "t.html") == str(tmp_path / "t.html")
+    assert list(tmp_path.iterdir()) == []
+    tr.ingest(one_task_batch(0, "node1", 1.0, 0.1, 0.2))
+    assert not tr.only_another_rank
+
+
+EVERY_RANK_WRITES = """
+import json, os, sys, threading
+import taskgraph as tg
+from taskgraph.linalg import cholesky
+
+path = sys.argv[1]
+c = tg.current_cluster()
+A = tg.TiledMatrix.random_spd(400, 100)
+g = cholesky(A)
+run = c.run(g).wait()
+bad, stop = [], threading.Event()
+
+def read():  # every read, on every rank, sees a whole trace of every rank
+    while not stop.is_set():
+        try:
+            with open(path) as f:
+                doc = json.load(f)["taskgraph"]
+        except FileNotFoundError:
+            continue
+        except Exception as exc:
+            bad.append(repr(exc)[:200])
+            continue
+        ranks = {row[0] for row in doc["tasks"]}
+        if len(doc["tasks"]) != g.ntasks or ranks != set(range(c.size)):
+            bad.append(f"{len(doc['tasks'])} tasks of ranks {sorted(ranks)}")
+
+reader = threading.Thread(target=read)
+reader.start()
+for _ in range(40):
+    assert run.trace.to_chrome(path) == path
+    assert run.trace.to_html(path + ".html") == path + ".html"
+stop.set()
+reader.join()
+c.barrier()
+assert not bad, bad[:3]
+left = [p for p in os.listdir(os.path.dirname(path)) if p.endswith(".tmp")]
+assert not left, left
+print("WROTE", c.rank, flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_every_rank_writing_the_same_trace_path_leaves_one_whole_file(tmp_path, mpirun):
+    script = tmp_path / "writers.py"
+    script.write_text(EVERY_RANK_WRITES)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = mpirun(2, [str(script), str(out / "t.json")], timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("WROTE") == 2, proc.stdout + proc.stderr
+    assert Trace.load(out / "t.json").summary()["ranks"] == 2

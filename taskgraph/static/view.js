@@ -229,7 +229,9 @@ function render({ model, el }) {
     barFill.style.width = ptext;
     barFill.className = "tg-bar-fill tg-status-" + st;
     counts.textContent = `${p.done || 0} / ${p.total || 0} tasks`;
+    // compiling kernels happens before the run: shown apart, never in "elapsed"
     stats.textContent = `${(p.rate || 0).toFixed(1)} tasks/s · elapsed ${fmtTime(p.elapsed || 0)}` +
+      (p.compile > 0 ? ` (+ ${fmtTime(p.compile)} compiling kernels before)` : "") +
       ` · ETA ${p.eta == null ? "—" : fmtTime(p.eta)}`;
     errorBox.textContent = st === "failed" ? (state.error || "failed") : "";
     errorBox.style.display = st === "failed" ? "" : "none";
