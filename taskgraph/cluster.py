@@ -73,34 +73,18 @@ def compile_kernels(graph: Graph) -> float:
 
 
 def check_same_graph(graph: Graph, net) -> None:
-    """Raise GraphError on every rank if the ranks of ``net`` built different graphs.
-
-    An allgather of a small digest; only on a mismatch do the ranks exchange what
-    names the first task that differs. Collective over ``net``.
-    """
+    """Raise GraphError on every rank if the ranks of ``net`` built different graphs,
+    naming the first task that differs (:func:`taskgraph.fingerprint.compare_ranks`:
+    one allgather of 24 bytes when they agree). Collective over ``net``."""
     if net.size == 1:
         return
     try:
         fp = importlib.import_module(".fingerprint", __package__)
     except ImportError:  # (the module lands with the graph fingerprint)
         return
-    mine = fp.fingerprint(graph)
-    digests = net.allgather(mine.digest)
-    if all(d == digests[0] for d in digests):
-        return
-    everyone = net.allgather(mine)
-    for r, theirs in enumerate(everyone):
-        if r != net.rank and theirs.digest != mine.digest:
-            diff = fp.first_difference(mine, theirs)
-            raise GraphError(
-                f"rank {net.rank} and rank {r} built different graphs for run "
-                f"{graph.name!r}: {diff}. Every rank must build the same graph (same tasks, "
-                "order and arguments: seed random numbers, do not iterate over sets)"
-            )
-    raise GraphError(  # my digest is the common one: name a rank that differs
-        f"rank {net.rank} built the graph of run {graph.name!r} as most ranks did, but "
-        f"rank(s) {[r for r, d in enumerate(digests) if d != mine.digest]} did not"
-    )
+    message = fp.compare_ranks(graph, net.allgather)
+    if message is not None:
+        raise GraphError(f"run {graph.name!r}, rank {net.rank}/{net.size}: {message}")
 
 
 class RunValues(dict):

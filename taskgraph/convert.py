@@ -416,6 +416,56 @@ def convert_to_file(notebook: str | os.PathLike, script: str | os.PathLike) -> l
     return notes
 
 
+def requested_ranks(python: str, where: str = "the script") -> list[tuple[int, int | None]]:
+    """(line, n) for each ``Cluster(n)`` / ``JobCluster(n)`` call in ``python``: n
+    when it is a literal number, None when it is computed (or absent: the job's ranks
+    are meant, and the pair is left out). A syntax error is a ConversionError."""
+    try:
+        tree = ast.parse(python)
+    except SyntaxError as exc:
+        raise ConversionError(f"{where}, line {exc.lineno}: {exc.msg}") from None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if name not in ("Cluster", "JobCluster", "EngineCluster"):
+            continue
+        given = node.args[:1] + [k.value for k in node.keywords if k.arg == "n"]
+        if not given:
+            continue
+        try:
+            n = ast.literal_eval(given[0])
+        except ValueError:
+            n = None
+        found.append((node.lineno, n if isinstance(n, int) else None))
+    return found
+
+
+def check_ranks(python: str, ranks: int, where: str = "the script") -> list[str]:
+    """Notes on the clusters ``python`` asks for, in a job of ``ranks`` ranks; a
+    ConversionError if one asks for more (it would fail as the job starts)."""
+    notes = []
+    for line, n in requested_ranks(python, where):
+        if n is None:
+            notes.append(
+                f"{where}, line {line}: a cluster whose size is computed at run time: "
+                f"it must be at most the job's {ranks} ranks"
+            )
+        elif n > ranks:
+            raise ConversionError(
+                f"{where}, line {line}: Cluster(n={n}) needs {n} ranks and the job has "
+                f"{ranks} (nodes x ntasks-per-node): ask for more, or a smaller cluster"
+            )
+        elif n < ranks:
+            notes.append(
+                f"{where}, line {line}: Cluster(n={n}) runs on {n} of the job's {ranks} "
+                "ranks; the others take part in none of its runs"
+            )
+    return notes
+
+
 def is_notebook(path: str | os.PathLike) -> bool:
     return str(path).endswith(".ipynb")
 

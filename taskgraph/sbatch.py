@@ -17,8 +17,11 @@ template            what the job does
                     a notebook joins with ``tg.Cluster.attach(connection_file=...)``
 ==================  ======================================================================
 
-A notebook is converted (``taskgraph convert``) when the job script is written, so a
-notebook that cannot run in batch fails here, not in the queue.
+A notebook is converted (``taskgraph convert``) when the job script is written, and
+the script (converted or given) is checked: it must compile, and no ``Cluster(n)``
+with a literal n may ask for more ranks than the job has. Such a job fails here, not
+in the queue; what cannot be checked before it runs (a cluster size computed at run
+time) is noted.
 """
 
 from __future__ import annotations
@@ -243,13 +246,31 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
     if not target.is_file():
         raise ValueError(f"{target}: no such file; check the path")
     if target.suffix == ".ipynb":
-        from .convert import convert_to_file
+        from .convert import convert_notebook
 
         where = Path(args.output).resolve().parent if args.output else Path.cwd()
         script = where / f"{target.stem}_batch.py"
-        for note in convert_to_file(target, script):
-            print(f"taskgraph convert: note: {note}", file=sys.stderr)
+        text, notes = convert_notebook(target, script.name)
+        notes += check_script(text, o, target.name)
+        script.write_text(text)
         o.source, o.script = str(target.resolve()), str(script)
     else:
+        notes = check_script(target.read_text(), o, target.name)
         o.script = str(target.resolve())
+    for note in notes:
+        print(f"taskgraph sbatch: note: {note}", file=sys.stderr)
     return o
+
+
+def check_script(python: str, o: JobOptions, where: str) -> list[str]:
+    """What can be checked before the job waits in the queue: the script compiles,
+    and no cluster asks for more ranks than the job has (ConversionError, a
+    ValueError, if so); notes on what cannot be checked here."""
+    from .convert import ConversionError, check_ranks
+
+    notes = check_ranks(python, o.nodes * o.ntasks_per_node, where)
+    try:
+        compile(python, where, "exec")
+    except SyntaxError as exc:
+        raise ConversionError(f"{where}, line {exc.lineno}: {exc.msg}") from None
+    return notes

@@ -234,11 +234,25 @@ def test_sbatch_command_converts_the_notebook_beside_the_job(tmp_path, run_cli):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     script = tmp_path / "out" / "chol_batch.py"
-    assert script.exists() and "tg.Cluster()" in script.read_text()
+    assert script.exists() and "_tgnb.JobCluster(n=2)" in script.read_text()
     text = job.read_text()
     assert str(script) in text and "#SBATCH --time=5" in text and "sbatch" in proc.stderr
-    to_stdout = run_cli("sbatch", str(script), "--time", "10:00", timeout=60)
+    to_stdout = run_cli("sbatch", str(script), "--ntasks-per-node", "2", timeout=60)
     assert to_stdout.returncode == 0 and to_stdout.stdout.startswith("#!/bin/bash")
+
+
+def test_sbatch_refuses_at_once_a_cluster_larger_than_the_job(tmp_path, run_cli):
+    nb = write_notebook(tmp_path / "chol.ipynb", CHOLESKY_NOTEBOOK)  # tg.Cluster(n=2)
+    one = run_cli("sbatch", str(nb), "--ntasks-per-node", "1", timeout=60)
+    assert one.returncode == 2 and one.stdout == ""
+    assert "chol.ipynb, line " in one.stderr
+    assert "Cluster(n=2) needs 2 ranks and the job has 1" in one.stderr
+    four = run_cli("sbatch", str(nb), "--ntasks-per-node", "4", timeout=60)
+    assert four.returncode == 0 and "runs on 2 of the job's 4 ranks" in four.stderr
+    script = tmp_path / "broken.py"
+    script.write_text("import taskgraph as tg\nc = tg.Cluster(\n")
+    broken = run_cli("sbatch", str(script), timeout=60)
+    assert broken.returncode == 2 and "broken.py, line " in broken.stderr
 
 
 @pytest.mark.parametrize(
