@@ -2,8 +2,10 @@
 
 Every rank runs :func:`main`; rank 0 prints. Steps: compile the kernels (timed
 apart), measure the GEMM peak on as many threads as the run uses (ranks x workers),
-factorise, measure the peak again (the better of the two counts), gather the factor
-on rank 0 and compute ‖A − L Lᵀ‖ / ‖A‖.
+factorise, measure the peak again (the best of every measurement counts: a busy
+moment only ever makes one low), gather the factor on rank 0 and compute
+‖A − L Lᵀ‖ / ‖A‖. A run faster than the peak measured is reported as 100 % of it,
+with a note that the peak measurement was noisy, never as more.
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ from .machine import describe, gemm_peak
 from .tiled import TiledMatrix, spd_dense
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-4}
+PEAK_REPEATS = 5  # GEMMs timed in each peak measurement (the fastest counts)
+
+
+def fraction_of_peak(gflops: float, peak: float) -> tuple[float, bool]:
+    """The run's speed as a fraction of the measured GEMM peak, at most 1, and whether
+    it was capped: a run cannot beat the peak, so a higher figure means the peak
+    measurement was noisy (low), not that the run was faster."""
+    if peak <= 0:
+        return 0.0, True
+    fraction = gflops / peak
+    return min(fraction, 1.0), fraction > 1.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -59,7 +72,7 @@ def node_peak(threads: int, dtype) -> float:
     """The GEMM peak on ``threads`` of this node's cores (at most all of them), from one
     rank: on all of the node's CPUs meanwhile, though the rank is bound to a share."""
     with affinity.whole_node():
-        return gemm_peak(min(threads, config.cores()), dtype)
+        return gemm_peak(min(threads, config.cores()), dtype, repeats=PEAK_REPEATS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if factor is not None:
         residual = cholesky_residual(spd_dense(args.n, args.tile, dtype, args.seed), factor)
     gflops = cholesky_flops(args.n) / seconds / 1e9
+    fraction, noisy = fraction_of_peak(gflops, peak)
     result = {
         "n": args.n,
         "tile": args.tile,
@@ -110,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(seconds, 4),
         "gflops": round(gflops, 2),
         "gemm_peak_gflops": round(peak, 2),
-        "fraction_of_peak": round(gflops / peak, 3),
+        "fraction_of_peak": round(fraction, 3),
+        "peak_noisy": noisy,
         "residual": residual,
         "compile_seconds": round(compile_s, 2),
         "repeats": max(1, args.repeat),
@@ -141,7 +156,12 @@ def report(r: dict, ok: bool, as_json: bool) -> None:
         f"{r['compile_seconds']:.2f} s)",
         f"speed           {r['gflops']:.1f} GFLOP/s",
         f"{gemm} peak      {r['gemm_peak_gflops']:.1f} GFLOP/s on {used} threads, same run",
-        f"fraction        {r['fraction_of_peak']:.1%} of peak",
+        f"fraction        {r['fraction_of_peak']:.1%} of peak"
+        + (
+            "  (capped: the run beat the measured peak, so that measurement was noisy)"
+            if r.get("peak_noisy")
+            else ""
+        ),
         "memory          peak "
         + ", ".join(f"{m:.0f}" for m in r["peak_rss_mib"])
         + " MiB per rank; matrix share "

@@ -620,6 +620,39 @@ def unpicklable_sink_value_fails_its_task_on_every_rank():
     assert [p.result() for p in parts] == list(range(1, 2 * c.size + 1))
 
 
+@scenario
+def values_between_ranks_are_traced_with_their_real_size():
+    """A 1 MB array returned by a task and read on another rank counts 1 MB in the
+    trace, the communication matrix and the stats, not the plan's guess."""
+    c = cluster()
+
+    @tg.task
+    def big(i):
+        return np.full(125_000, float(i))  # 1 MB
+
+    @tg.task
+    def total(*parts):
+        return float(sum(p.sum() for p in parts))
+
+    with tg.Graph("big values") as g:
+        parts = [big(i) for i in range(2 * c.size)]
+        s = total(*parts)
+    run = c.run(g).wait()
+    assert s.result() == 125_000.0 * sum(range(2 * c.size))
+    plan = tg.make_plan(g, c.size)
+    values = [m for m in plan.messages if m.kind == "value"]
+    assert bool(values) == (c.size > 1)
+    mine_out = sum(1 for m in values if m.src == c.rank)
+    mine_in = sum(1 for m in values if m.dst == c.rank)
+    assert run.stats.bytes_sent >= 1_000_000 * mine_out, run.stats.bytes_sent
+    assert run.stats.bytes_received >= 1_000_000 * mine_in, run.stats.bytes_received
+    if c.rank == 0 and values:
+        tr = run.trace
+        rows = [r for r in tr.messages if r[3] in {m.tag for m in values}]
+        assert len(rows) == len(values) and all(r[2] > 1_000_000 for r in rows), rows
+        assert tr.sent.sum() > 1_000_000 * len(values), tr.sent
+
+
 def _stuck_graph(name: str, forever, timeout: float | None = None):
     """A graph where the last rank runs ``forever`` (a kernel that never returns) and
     every rank a few short tasks; the tile it writes, and the kernel."""

@@ -164,3 +164,34 @@ def test_outside_a_notebook_show_prints_progress_and_writes_files(tmp_path, caps
     assert "renderStatic" in html and "potrf(A[0,0])" in html
     assert "http://" not in html and "https://" not in html, "the report works offline"
     assert Trace.load(tmp_path / "cholesky.trace.json").summary()["tasks"] == 20
+
+
+class Feed:
+    """Hands a view chosen batches (which rank's batch comes first is timing on a
+    real run)."""
+
+    def __init__(self, batches: list[list[dict]]):
+        self.pending = batches
+
+    def batches(self) -> list[dict]:
+        return self.pending.pop(0) if self.pending else []
+
+
+def test_an_earlier_rank_arriving_late_redraws_the_moved_rows():
+    """Rank 0's batch comes first, then rank 1's, whose clock started earlier: the
+    rows already drawn moved, so the view draws everything again, all at times >= 0."""
+    from test_trace import one_task_batch
+
+    view = Recording(trace=Trace("clocks", 2, ["a", "b"], [0, 0], ["k"]))
+    view.run = Feed(
+        [
+            [one_task_batch(0, "node1", 100.5, 0.1, 0.2)],
+            [one_task_batch(1, "node1", 100.0, 0.1, 0.2)],
+        ]
+    )
+    view.update()
+    assert [r[1] for r in task_rows(view.sent)] == [0.1]
+    view.update()
+    assert view.sent[-2] == {"kind": "reset"}
+    starts = sorted(r[1] for r in task_rows(view.sent))
+    assert starts == pytest.approx([0.1, 0.6])
