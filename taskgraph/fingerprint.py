@@ -272,7 +272,7 @@ def _array_crc(a: np.ndarray) -> int:
     if flat.nbytes > _ARRAY_BYTES:
         step = -(-flat.nbytes // _ARRAY_BYTES)
         flat = np.ascontiguousarray(flat[::step])
-    return zlib.crc32(memoryview(flat.view(np.uint8)))
+    return zlib.crc32(flat.view(np.uint8).data)
 
 
 def _stable_text(a) -> str:
