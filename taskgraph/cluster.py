@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import itertools
 import math
 import sys
 import threading
@@ -112,7 +111,6 @@ class RunValues(dict):
         return dict(self)
 
 
-_run_ids = itertools.count(1)  # runs made by this process: the same on every rank (SPMD)
 _queue_lock = threading.Lock()
 _last_run: Run | None = None  # the run a new run waits for
 
@@ -146,7 +144,8 @@ class Run:
         self.task_timeout = task_timeout
         self.plan = plan if plan is not None else make_plan(graph, cluster.size)
         self.rank_plan = self.plan.for_rank(cluster.rank)
-        self.id = next(_run_ids)
+        self.world.runs += 1
+        self.id = self.world.runs  # (the same on every rank of the world: SPMD)
         self._valued = {t.id for t in graph.tasks if not hasattr(t.fn, "modes")}
         self.values = RunValues(self._valued - set(self.rank_plan.results))
         self._own_graph()
@@ -157,6 +156,7 @@ class Run:
         self._executor: Executor | None = None
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
+        self._begun = threading.Event()  # no earlier run to wait for any more
         self._started = threading.Event()
         self._finished = threading.Event()  # waited on, not join(): see join()
         self._cursor = (0, 0)
@@ -178,6 +178,7 @@ class Run:
         previous, self._previous = self._previous, None
         if previous is not None:
             previous.join()  # one run at a time: their communicators are made in order
+        self._begun.set()
         try:
             self._execute()
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait()
@@ -240,7 +241,7 @@ class Run:
         """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``."""
         if self._finished.is_set():
             return "failed" if self._error is not None else "done"
-        return "running" if self._started.is_set() else "queued"
+        return "running" if self._begun.is_set() else "queued"
 
     def progress(self) -> tuple[int, int]:
         """(tasks done, tasks) on this rank."""

@@ -330,6 +330,7 @@ class World:
         self.single_copy = False
         self.bound_cpus: list[int] | None = None  # this rank's share, if it bound itself
         self.parent_size = 1  # ranks of the job this world is part of
+        self.runs = 0  # runs made on this world so far: the same count on every rank
         if use_mpi:
             if "mpi4py.MPI" not in sys.modules:  # (MPI reads its settings when it starts)
                 enable_single_copy()
@@ -375,7 +376,7 @@ class World:
         part.host, part.comm, part.values = self.host, sub, sub.Dup()
         part.rank, part.size = sub.Get_rank(), sub.Get_size()
         part.single_copy, part.bound_cpus = self.single_copy, self.bound_cpus
-        part.parent_size = self.parent_size
+        part.parent_size, part.runs = self.parent_size, 0
         node = sub.Split_type(MPI.COMM_TYPE_SHARED)
         part.local_size = node.Get_size()
         node.Free()
@@ -524,9 +525,10 @@ def _recv_value(world: World, holder: int, key: tuple, deadline: float, timeout:
     parts: Any = loads(buf)
     got, ok, value = parts
     if got != key:
+        other = f"{got[-1]}" if got[1:] != key[1:] else "the same task in another run"
         raise RunError(
             f"rank {world.rank} asked rank {holder} for the value of {what}, and got the "
-            f"value of {got[-1]} instead: call .result() on the same futures, in the same "
+            f"value of {other} instead: call .result() on the same futures, in the same "
             "order, on every rank"
         )
     if not ok:
