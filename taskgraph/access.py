@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 
 class Mode(enum.IntFlag):
+    """How a task uses a piece of data: ``R`` (read), ``W`` (write), ``RW`` (both)."""
+
     R = 1
     W = 2
     RW = 3

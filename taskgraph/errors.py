@@ -23,7 +23,10 @@ class PlanError(TaskgraphError, ValueError):
 
 
 class NotPositiveDefiniteError(TaskgraphError, ArithmeticError):
-    """A Cholesky factorisation met a leading minor that is not positive definite."""
+    """A Cholesky factorisation met a leading minor that is not positive definite.
+
+    ``order``: the order of that minor (1-based, within the tile); ``message``: the
+    text (default: says the order)."""
 
     def __init__(self, order: int, message: str | None = None):
         self.order = order
@@ -33,7 +36,7 @@ class NotPositiveDefiniteError(TaskgraphError, ArithmeticError):
 
 
 class RemoteTraceback(TaskgraphError):
-    """The formatted traceback of an exception raised on another rank."""
+    """The formatted traceback (``text``) of an exception raised on another rank."""
 
     def __init__(self, text: str):
         self.text = text
@@ -44,7 +47,12 @@ class RemoteTraceback(TaskgraphError):
 
 
 class TaskError(TaskgraphError, RuntimeError):
-    """A task failed (its function raised) or the run was aborted because of it."""
+    """A task failed (its function raised) or the run was aborted because of it.
+
+    ``task``: the task's label; ``rank``, ``size``: where it failed, of how many
+    ranks; ``host``: that rank's host; ``error``: the exception as ``Type: text``;
+    ``traceback``: the formatted traceback from that rank.
+    """
 
     def __init__(
         self,

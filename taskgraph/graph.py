@@ -123,7 +123,8 @@ class Task:
 
 
 class TaskRef:
-    """What a call inside a graph returns: a handle on the recorded task."""
+    """What a kernel call inside a graph returns: a handle on the recorded task
+    ``tid`` of ``graph``, for :meth:`Graph.add_dependency` (it has no value)."""
 
     __slots__ = ("graph", "id")
 
@@ -136,14 +137,18 @@ class TaskRef:
 
 
 class Future(TaskRef):
-    """The value of a ``@tg.task`` call, available after the run."""
+    """The value of a ``@tg.task`` call (task ``tid`` of ``graph``), available after
+    the run. Pass it to other calls, alone or inside lists, tuples, dicts and sets,
+    to make them depend on it."""
 
     __slots__ = ()
 
     def result(self):
+        """The task's value (after a run of its graph); GraphError before."""
         return self.graph.result(self.id)
 
     def done(self) -> bool:
+        """Whether the value is here (the graph ran, or it was fetched)."""
         return self.id in self.graph.results
 
 
@@ -232,7 +237,13 @@ def _check_signature(kernel, key: tuple[int, ...]) -> tuple[str, float]:
 
 
 class Graph:
-    """A task graph: tasks, the data they touch, and the edges between them."""
+    """A task graph: tasks, the data they touch, and the edges between them.
+
+    ``name`` names it in messages and traces. Record tasks inside ``with
+    tg.Graph(name) as g:``: kernel calls on marked tiles, and ``@tg.task`` calls (see
+    the module docstring); then ``cluster.run(g)``. Inspect it with :meth:`label`,
+    :meth:`to_networkx`, :meth:`critical_path` and :meth:`preview`.
+    """
 
     def __init__(self, name: str = "graph"):
         self.name = name

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 
@@ -35,10 +36,10 @@ from .errors import GraphError
 class Kernel:
     """A tile function with declared access modes, shapes, dtypes and cost.
 
-    Made by :func:`kernel` (see it for the parameters). Called on marked tiles inside
-    ``with tg.Graph():`` it records a task; called on NumPy arrays outside a graph it
-    runs at once; called on plain arrays inside a graph it raises :class:`GraphError`
-    (the call would run now and record nothing).
+    Made by :func:`kernel`, or directly with the same parameters. Called on marked
+    tiles inside ``with tg.Graph():`` it records a task; called on NumPy arrays outside
+    a graph it runs at once; called on plain arrays inside a graph it raises
+    :class:`GraphError` (the call would run now and record nothing).
     """
 
     def __init__(
@@ -203,35 +204,7 @@ def kernel(
     nogil: bool | None = None,
     timeout: float | None = None,
 ):
-    """Declare a tile kernel; usable as ``@kernel(modes=...)`` or ``kernel(fn, modes=...)``.
-
-    Parameters
-    ----------
-    fn:
-        The function on NumPy tiles (often a numba ``njit(nogil=True)`` function).
-    modes:
-        How it uses each argument, ``"r,rw"`` or ``("r", "rw")``: read, write or both.
-        The marks at a call site (``A[i, j].rw``) must agree.
-    name:
-        The name in labels and traces (default: the function's).
-    dims:
-        One letter per axis of each argument, ``"mk,nk,mn"``: equal letters must have
-        equal sizes, checked when a task is recorded.
-    dtypes:
-        The dtypes it accepts (all tile arguments of a call share one).
-    flops:
-        ``flops(**sizes)``, the cost of one call from the sizes named in ``dims``;
-        used for priorities and GFLOP/s (default 1.0).
-    compile:
-        ``compile(dtype)`` compiles it ahead for a dtype (see :meth:`Kernel.compile`).
-    nogil:
-        Whether the function runs without the GIL (default: True for a numba
-        function compiled with ``nogil=True``, else False). A rank's workers share
-        short tasks only when they do (see :func:`taskgraph.executor.short_task_limit`).
-    timeout:
-        Seconds one of its tasks may run before the run fails naming it (None: the
-        run's ``task_timeout``).
-    """
+    """Declare a tile kernel; usable as ``@kernel(modes=...)`` or ``kernel(fn, modes=...)``."""
 
     def wrap(f: Callable) -> Kernel:
         return Kernel(
@@ -247,6 +220,39 @@ def kernel(
         )
 
     return wrap(fn) if fn is not None else wrap
+
+
+_PARAMETERS = """
+Parameters
+----------
+fn:
+    The function on NumPy tiles (often a numba ``njit(nogil=True)`` function).
+modes:
+    How it uses each argument, ``"r,rw"`` or ``("r", "rw")``: read, write or both.
+    The marks at a call site (``A[i, j].rw``) must agree.
+name:
+    The name in labels and traces (default: the function's).
+dims:
+    One letter per axis of each argument, ``"mk,nk,mn"``: equal letters must have
+    equal sizes, checked when a task is recorded.
+dtypes:
+    The dtypes it accepts (all tile arguments of a call share one).
+flops:
+    ``flops(**sizes)``, the cost of one call from the sizes named in ``dims``; used
+    for priorities and GFLOP/s (default 1.0).
+compile:
+    ``compile(dtype)`` compiles it ahead for a dtype (see :meth:`Kernel.compile`).
+nogil:
+    Whether the function runs without the GIL (default: True for a numba function
+    compiled with ``nogil=True``, else False). A rank's workers share short tasks
+    only when they do (see :func:`taskgraph.executor.short_task_limit`).
+timeout:
+    Seconds one of its tasks may run before the run fails naming it (None: the
+    run's ``task_timeout``).
+"""
+# one text for both: ``tg.kernel?`` and ``tg.Kernel?`` show the same parameters
+Kernel.__doc__ = (Kernel.__doc__ or "").rstrip() + "\n" + textwrap.indent(_PARAMETERS, "    ")
+kernel.__doc__ = (kernel.__doc__ or "").rstrip() + "\n" + textwrap.indent(_PARAMETERS, "    ")
 
 
 @functools.cache

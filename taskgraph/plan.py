@@ -57,7 +57,15 @@ class Message:
 
 @dataclass
 class RankPlan:
-    """What one rank does: its tasks, their counters, and its messages."""
+    """What one rank does: its tasks, their counters, and its messages.
+
+    ``rank`` of ``size`` ranks; ``tasks``: its tasks in a topological order;
+    ``priority``: each task's bottom level; ``waits``: the events each task waits for
+    before it is ready (local predecessors and messages); ``successors``: the local
+    tasks to count down when a task ends; ``sends``: the messages each producing task
+    sends (key INITIAL: sent at the start); ``recvs``: incoming messages, in the order
+    they are likely needed; ``results``: tasks whose values every rank gets at the end.
+    """
 
     rank: int
     size: int
@@ -72,6 +80,10 @@ class RankPlan:
 
 @dataclass
 class Plan:
+    """The plan of ``graph`` on ``nranks`` ranks (made by :func:`make_plan`):
+    ``placement`` (the rank of each task), ``priority`` (each task's bottom level) and
+    the cross-rank ``messages``, tagged. :meth:`for_rank` extracts one rank's part."""
+
     graph: Graph
     nranks: int
     placement: list[int]

@@ -115,7 +115,37 @@ class Tile:
 
 
 class TiledMatrix:
-    """A matrix of tiles, each stored on its owner rank."""
+    """A matrix of tiles, each stored on its owner rank.
+
+    Parameters
+    ----------
+    shape:
+        ``(m, n)``, or ``n`` for a square matrix.
+    tile:
+        The tile size: tiles are ``tile x tile``, smaller at the bottom and right edges.
+    dtype:
+        A floating-point dtype (float32, float64, complex64, complex128).
+    grid:
+        The ``(P, Q)`` rank grid of a 2-D block-cyclic distribution (default: the most
+        square grid of the cluster's ranks, or as ``distribution`` says).
+    distribution:
+        ``"2d"`` (block-cyclic on the grid), ``"1d"`` (dealt by tile column) or
+        ``"random"`` (balanced, drawn from ``distribution_seed``).
+    distribution_seed:
+        The seed of a ``"random"`` distribution.
+    lower:
+        Store only the tiles on and below the diagonal (square matrices).
+    name:
+        The name in labels and traces (default ``M<uid>``).
+    cluster:
+        The cluster whose ranks hold the tiles (default: the current one).
+    uid:
+        The matrix's id in every process (given by the cluster when None).
+
+    ``A[i, j]`` is a :class:`Tile`; ``A[i, j].r``, ``.w``, ``.rw`` mark it for a
+    kernel call inside a graph. Constructors that also fill the tiles:
+    :meth:`random_spd`, :meth:`zeros`, :meth:`from_function`, :meth:`from_numpy`.
+    """
 
     def __init__(
         self,
@@ -278,7 +308,8 @@ class TiledMatrix:
 
     @classmethod
     def from_function(cls, shape, tile, fn: Callable, dtype=np.float64, **kw) -> TiledMatrix:
-        """Each owner fills its tiles with ``fn(i, j, tile_shape)`` (on the engines too)."""
+        """Each owner fills its tiles with ``fn(i, j, tile_shape)`` (on the engines too);
+        ``kw`` as for :class:`TiledMatrix`."""
         a = cls(shape, tile, dtype, **kw)
         if a.remote:
             a.cluster.build_matrix(a, fn)
@@ -288,6 +319,7 @@ class TiledMatrix:
 
     @classmethod
     def zeros(cls, shape, tile, dtype=np.float64, **kw) -> TiledMatrix:
+        """A matrix of zeros; ``kw`` as for :class:`TiledMatrix`."""
         return cls.from_function(shape, tile, lambda i, j, s: 0.0, dtype, **kw)
 
     @classmethod
@@ -296,7 +328,8 @@ class TiledMatrix:
 
         Entries off the diagonal are uniform in [0, 1), and n is added to the diagonal,
         so the matrix is strictly diagonally dominant. Every tile is generated from
-        ``(seed, i, j)`` alone: any rank count gives the same matrix.
+        ``(seed, i, j)`` alone: any rank count gives the same matrix. ``kw`` as for
+        :class:`TiledMatrix` (``lower=True`` and ``name="A"`` unless given).
         """
         kw.setdefault("lower", True)
         kw.setdefault("name", "A")

@@ -637,3 +637,58 @@ def test_a_kernel_task_passed_as_a_value_is_rejected():
         with pytest.raises(tg.GraphError, match="kernel task: it has no value"):
             add(ref, y=1)
     assert g.ntasks == 1
+
+
+# -- timeouts and docstrings --------------------------------------------------------------
+
+
+def test_a_task_and_a_kernel_carry_their_timeout():
+    @tg.task(timeout=2)
+    def slow():
+        pass
+
+    @tg.kernel(modes="rw", timeout=0.5)
+    def busy(x):
+        pass
+
+    assert slow.timeout == 2.0 and busy.timeout == 0.5
+    assert tg.task(lambda: 1).timeout is None and scale.timeout is None
+    with tg.Graph() as g:
+        f = slow()
+        busy(matrix()[0, 0].rw)
+        with_list = (tg.task(timeout=3)(lambda xs: xs))([f])  # a packed call keeps it
+    assert g.tasks[0].fn.timeout == 2.0 and g.tasks[1].fn.timeout == 0.5
+    assert g.tasks[with_list.id].fn.timeout == 3.0
+
+
+@pytest.mark.parametrize("bad", [0, -1, "5", True])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(bad):
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        tg.task(timeout=bad)(lambda: 1)
+    with pytest.raises(ValueError, match="kernel k: timeout"):
+        tg.kernel(lambda x: x, modes="rw", name="k", timeout=bad)
+
+
+GRAPH_MODULES = {f"taskgraph.{m}" for m in "graph kernel access errors tiled plan".split()}
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in tg.__all__ if getattr(getattr(tg, n), "__module__", "") in GRAPH_MODULES]
+)
+def test_public_names_document_their_real_parameters(name):
+    """``tg.task?``, ``tg.Graph?``...: a docstring that names every parameter."""
+    import inspect
+
+    obj = getattr(tg, name)
+    doc = inspect.getdoc(obj) or ""
+    assert doc and not doc.startswith(f"{name}("), f"{name} has no docstring of its own"
+    if isinstance(obj, type) and "__init__" not in vars(obj):
+        params = []  # Mode's and the plain errors' signatures are Python's own
+    else:
+        params = [
+            p.name
+            for p in inspect.signature(obj).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+    missing = [p for p in params if p not in doc]
+    assert not missing, f"{name}'s docstring does not mention {missing}"
