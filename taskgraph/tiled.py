@@ -31,6 +31,7 @@ from . import memory
 from .access import Access, Mode
 from .cluster import Cluster
 from .errors import GraphError
+from .nested import describe
 from .placement import block_cyclic_owner, distribution_grid, random_owners
 
 _uids = itertools.count()  # matrices made here; a notebook's are negative
@@ -268,7 +269,7 @@ class TiledMatrix:
             i, j = int(i), int(j)
         except (TypeError, ValueError):
             raise GraphError(
-                f"index tiles of {self.name} as {self.name}[i, j], not {ij!r}"
+                f"index tiles of {self.name} as {self.name}[i, j], not {describe(ij)}"
             ) from None
         if not (0 <= i < self.mt and 0 <= j < self.nt):
             raise GraphError(

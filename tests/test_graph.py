@@ -692,3 +692,8 @@ def test_public_names_document_their_real_parameters(name):
         ]
     missing = [p for p in params if p not in doc]
     assert not missing, f"{name}'s docstring does not mention {missing}"
+
+
+def test_an_array_as_a_tile_index_is_named_by_shape_and_dtype():
+    with pytest.raises(tg.GraphError, match=r"not <float64 array \(100, 100\)>$"):
+        matrix()[np.zeros((100, 100))]
