@@ -223,6 +223,7 @@ class Run:
             self.workers,
             self.cluster.pool,
             self.tracing,
+            compile_seconds=self.compile_seconds,  # (traced apart from the run's time)
             **extra,
         )
 

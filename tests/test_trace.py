@@ -415,3 +415,9 @@ def test_every_rank_writing_the_same_trace_path_leaves_one_whole_file(tmp_path, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("WROTE") == 2, proc.stdout + proc.stderr
     assert Trace.load(out / "t.json").summary()["ranks"] == 2
+
+
+def test_a_clusters_run_passes_its_compile_time_to_the_trace():
+    run = tg.current_cluster().run(cholesky(tg.TiledMatrix.random_spd(256, 128))).wait()
+    assert run.trace.compile_seconds == run.compile_seconds
+    assert run.trace.progress()["elapsed"] <= run.seconds + 1e-3
