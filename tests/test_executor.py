@@ -313,3 +313,143 @@ def test_a_blas_first_loaded_inside_a_task_is_held_to_one_thread_too():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[1, 1]", proc.stdout
+
+
+def _stuck_in_c(release):
+    """A kernel whose task waits in C (a lock) until ``release`` is set: no exception
+    can reach it meanwhile."""
+    import taskgraph as tg
+
+    @tg.kernel(modes="rw", dims="mn")
+    def wait_in_c(t):
+        release.wait()
+
+    return wait_in_c
+
+
+@pytest.mark.timeout(60)
+def test_a_task_stuck_in_a_c_call_is_abandoned_and_the_next_run_works():
+    """A task that never returns from C cannot be interrupted: past its timeout the run
+    fails naming it, nothing waits for its thread (a daemon, holding neither the
+    executor's lock nor the network token), and the next run works beside it."""
+    import threading
+    import time
+
+    import taskgraph as tg
+    from taskgraph.executor import STOP_GRACE
+
+    release = threading.Event()
+    kern = _stuck_in_c(release)
+    kern.timeout = 0.3
+    B = tg.TiledMatrix.zeros((2, 2), 2, name="A")
+    with tg.Graph("stuck in C") as g:
+        kern(B[0, 0].rw)
+    run = tg.current_cluster().run(g)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(tg.TaskError, match=r"timed out after 0\.3 s") as info:
+            run.wait(timeout=30)
+        assert time.monotonic() - t0 < 0.3 + STOP_GRACE + 5
+        assert info.value.task == "wait_in_c(A[0,0])"
+        ex = run.executor
+        stuck = [t for t in threading.enumerate() if t.name.startswith("taskgraph-worker")]
+        assert len(stuck) == 1 and stuck[0].daemon
+        assert ex.lock.acquire(blocking=False) and ex.net_token.acquire(blocking=False)
+        ex.lock.release()
+        ex.net_token.release()
+        C = tg.TiledMatrix.random_spd(200, 100)
+        from taskgraph.linalg import cholesky
+
+        tg.current_cluster().run(cholesky(C)).wait(timeout=30)
+    finally:
+        release.set()  # the C call returns, the pending exception ends the thread
+    deadline = time.monotonic() + 5
+    while stuck[0].is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not stuck[0].is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_a_run_level_timeout_applies_to_tasks_without_their_own():
+    """Executor(task_timeout=) limits every task whose function has no timeout; a
+    function's own timeout wins over it."""
+    import time
+
+    import taskgraph as tg
+    from taskgraph import comm
+    from taskgraph.executor import Executor, timeouts_by_function
+
+    @tg.task
+    def slow():
+        while True:
+            time.sleep(0.01)
+
+    @tg.task
+    def patient():
+        time.sleep(0.3)
+        return 1
+
+    patient.timeout = 5.0
+    with tg.Graph("limits") as g:
+        slow()
+        p = patient()
+    fns = {t.fn for t in g.tasks}
+    assert timeouts_by_function(fns, 0.2) == {slow: 0.2, patient: 5.0}
+    assert timeouts_by_function(fns, None) == {patient: 5.0}
+    ex = Executor(g, tg.make_plan(g, 1).for_rank(0), comm.Network(), 2, task_timeout=0.2)
+    with pytest.raises(tg.TaskError, match=r"slow#0\(\) on rank 0/1 .*timed out after 0\.2 s"):
+        ex.run()
+    assert ex.values.get(p.id) in (None, 1)  # (patient may finish: the run ends meanwhile)
+
+
+@pytest.mark.timeout(60)
+def test_cancel_any_number_of_times_from_any_thread_during_and_after_a_run():
+    """cancel() before the run starts, many times from several threads while it runs
+    and while it concludes, and after it ended: one RunError, with the first reason,
+    and the next run works."""
+    import threading
+    import time
+
+    import taskgraph as tg
+    from taskgraph import comm
+    from taskgraph.executor import Executor
+
+    @tg.kernel(modes="rw", dims="mn")
+    def nap(t):
+        time.sleep(0.01)
+
+    B = tg.TiledMatrix.zeros((2, 2), 2)
+    with tg.Graph("naps") as g:
+        for _ in range(500):
+            nap(B[0, 0].rw)
+    ex = Executor(g, tg.make_plan(g, 1).for_rank(0), comm.Network(), 2)
+    ex.cancel("first")  # before it runs: it stops at once
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            ex.cancel("again")
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for th in threads:
+        th.start()
+    try:
+        with pytest.raises(tg.RunError, match="RunError: first") as info:
+            ex.run()
+        assert "still running" not in str(info.value)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(5)
+    ex.cancel("after")
+    ex.cancel("after")
+    run = tg.current_cluster().run(g)
+    time.sleep(0.2)
+    run.cancel()
+    run.cancel()
+    with pytest.raises(tg.RunError, match="cancelled by the user"):
+        run.wait(timeout=20)
+    run.cancel()  # after the end: nothing happens
+    with tg.Graph("after") as g2:
+        nap(B[0, 0].rw)
+    tg.current_cluster().run(g2).wait(timeout=20)
