@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from . import config
-from .comm import World, share_value, world
+from .comm import World, share_value, tell_written, wait_written, world
 from .errors import GraphError, RunError
 from .executor import BufferPool, Executor, Stats, gc_frozen
 from .graph import Graph
@@ -272,8 +272,21 @@ class Run:
             for part in parts or []:
                 trace.ingest(part)
             trace.finish(str(self._error) if self._error is not None else None)
+            trace.file_sync = self._file_sync
             self._trace = trace
         return self._trace
+
+    def _file_sync(self, path: str) -> None:
+        """Rank 0 wrote the trace file ``path`` (the others write nothing): the other
+        ranks wait for it, so that code after ``to_chrome`` may read it on any rank."""
+        if self.world.rank == 0:
+            tell_written(self.world, path)
+        elif not wait_written(self.world, path, self.cluster.fetch_timeout):
+            print(
+                f"taskgraph: rank {self.world.rank}: rank 0 did not write {path} within "
+                f"{self.cluster.fetch_timeout:g} s (does every rank write the trace?)",
+                file=sys.stderr,
+            )
 
     def show(self, **kwargs):
         """Live view: a widget in a notebook, a progress line and trace files elsewhere."""

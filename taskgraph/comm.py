@@ -538,6 +538,43 @@ def _recv_value(world: World, holder: int, key: tuple, deadline: float, timeout:
     return value
 
 
+FILE_TAG = 2  # on World.values: rank 0 wrote a file the other ranks may read
+
+
+def tell_written(world: World, path: str) -> None:
+    """Rank 0 wrote ``path``: tell every other rank (small sends, not waited for)."""
+    comm = world.values
+    if comm is None or world.size == 1:
+        return
+    data = dumps(path)
+    for r in range(1, world.size):
+        comm.Isend(data, r, FILE_TAG).Free()
+
+
+def wait_written(world: World, path: str, timeout: float) -> bool:
+    """Wait until rank 0 says it wrote ``path`` (:func:`tell_written`); False if it
+    has not within ``timeout`` s. Notices of other files (that this rank never waited
+    for) are dropped on the way."""
+    comm = world.values
+    if comm is None or world.size == 1:
+        return True
+    from mpi4py import MPI
+
+    status, deadline = MPI.Status(), time.monotonic() + timeout
+    sleep, t0 = 0.0, time.perf_counter()
+    while time.monotonic() < deadline:
+        msg = comm.improbe(0, FILE_TAG, status)
+        if msg is None:
+            sleep = next_sleep(sleep, time.perf_counter() - t0, 1e-3)
+            time.sleep(sleep)
+            continue
+        buf = bytearray(status.Get_count(MPI.BYTE))
+        msg.Recv(buf)
+        if loads(buf) == path:
+            return True
+    return False
+
+
 def _wait_until(reqs: list, deadline: float) -> list[int]:
     """Wait for MPI requests, sleeping, until ``deadline``; the indices still pending."""
     pending = list(range(len(reqs)))

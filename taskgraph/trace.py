@@ -239,6 +239,8 @@ class Trace:
         self.critical: dict = {"length": 0.0, "makespan": 0.0, "tasks": []}
         self._clock: tuple[str, float] | None = None  # (host, time zero) of the base rank
         self.ranks_seen: set[int] = set()  # ranks whose batches were ingested
+        # a batch run's: rank 0 wrote a file, or another rank waits for it (cluster.Run)
+        self.file_sync: Any = None  # called with a path
 
     @classmethod
     def for_graph(cls, graph, nranks: int) -> Trace:
@@ -543,6 +545,7 @@ class Trace:
         import json
 
         if self.only_another_rank:
+            self._synced(path)
             return str(path)
 
         events: list[dict] = []
@@ -623,7 +626,14 @@ class Trace:
                 }
             )
         doc = {"traceEvents": events, "displayTimeUnit": "ms", "taskgraph": self.to_dict()}
-        return write_atomic(path, json.dumps(doc))
+        try:
+            return write_atomic(path, json.dumps(doc))
+        finally:
+            self._synced(path)
+
+    def _synced(self, path) -> None:
+        if self.file_sync is not None:
+            self.file_sync(str(path))
 
     save = to_chrome
 
@@ -650,8 +660,12 @@ class Trace:
         from .report import write_report
 
         if self.only_another_rank:
+            self._synced(path)
             return str(path)
-        return write_report(self, path)
+        try:
+            return write_report(self, path)
+        finally:
+            self._synced(path)
 
     def __repr__(self) -> str:
         return (

@@ -247,7 +247,7 @@ def test_sbatch_refuses_at_once_a_cluster_larger_than_the_job(tmp_path, run_cli)
     assert one.returncode == 2 and one.stdout == ""
     assert "chol.ipynb, line " in one.stderr
     assert "Cluster(n=2) needs 2 ranks and the job has 1" in one.stderr
-    four = run_cli("sbatch", str(nb), "--ntasks-per-node", "4", timeout=60)
+    four = run_cli("sbatch", str(nb), "--ntasks-per-node", "4", "-o", str(tmp_path / "j.sh"))
     assert four.returncode == 0 and "runs on 2 of the job's 4 ranks" in four.stderr
     script = tmp_path / "broken.py"
     script.write_text("import taskgraph as tg\nc = tg.Cluster(\n")
