@@ -152,10 +152,12 @@ def test_an_exception_outside_a_run_ends_the_job_instead_of_hanging(mpirun, tmp_
 
 EXITS_ON_RANK_0 = """
 import sys
+from pathlib import Path
 import taskgraph as tg
 
 cluster = tg.Cluster()
-print(f"rank {cluster.rank} started", flush=True)
+Path(sys.argv[1], f"started.{cluster.rank}").write_text("yes")  # a file: output can be lost
+cluster.barrier()  # rank 0 exits only once rank 1 has started
 if cluster.rank == 0:
     sys.exit(3)  # SystemExit passes by sys.excepthook: the abort hook never sees it
 cluster.barrier()  # rank 1 waits here for rank 0, which never comes
@@ -165,12 +167,15 @@ print("UNREACHABLE")
 
 def test_taskgraph_run_ends_the_job_when_a_rank_calls_sys_exit(run_cli, tmp_path):
     # under a plain `python script.py` rank 0 went into MPI_Finalize with code 3 and
-    # rank 1 waited in the barrier until the timeout; mpi4py's runner aborts the job
+    # rank 1 waited in the barrier until the timeout; mpi4py's runner aborts the job.
+    # Rank 0 used to exit as soon as it printed: under load the abort killed rank 1
+    # before its own line came out (so each rank leaves a file, and they meet first),
+    # and a slow start could reach the job's 40 s limit
     script = tmp_path / "exits.py"
     script.write_text(EXITS_ON_RANK_0)
-    proc = run_cli("run", "-n", "2", "--timeout", "40", str(script), timeout=60)
+    proc = run_cli("run", "-n", "2", "--timeout", "120", str(script), str(tmp_path), timeout=150)
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
-    assert "rank 0 started" in proc.stdout and "rank 1 started" in proc.stdout
+    assert (tmp_path / "started.0").exists() and (tmp_path / "started.1").exists()
     assert "UNREACHABLE" not in proc.stdout
 
 
