@@ -1,0 +1,420 @@
+"""A graph running on the ranks of a batch job (or an engine's ranks): :class:`Run`.
+
+Made by :meth:`taskgraph.cluster.JobCluster.run`; see :mod:`taskgraph.cluster` for the
+picture. A run's thread waits for the run made before it in this process (one run at a
+time, the same order on every rank), compiles the graph's kernels, checks that every
+rank built the same graph (:func:`check_same_graph`), then runs this rank's share with
+an :class:`~taskgraph.executor.Executor`::
+
+    queued ──(the earlier run ended)──► running ──► done | failed
+
+Its values (:class:`RunValues`) are the graph's ``results`` while it is the graph's
+latest run; a value one rank holds is fetched collectively
+(:func:`taskgraph.comm.share_value`). :class:`IdleRun` is the handle a rank outside a
+smaller cluster gets: nothing runs there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .comm import World, share_value, tell_written, wait_written
+from .errors import GraphError, RunError
+from .executor import Executor, Stats, gc_frozen
+from .graph import Graph
+from .plan import Plan, make_plan
+from .trace import Trace
+
+if TYPE_CHECKING:
+    from .cluster import JobCluster
+
+_compiled: set[tuple[int, str]] = set()
+_compile_lock = threading.Lock()
+
+
+def compile_kernels(graph: Graph) -> float:
+    """Compile every kernel the graph uses for its dtypes, once per process; seconds."""
+    dtypes = sorted(graph.dtypes_used(), key=str) or [np.dtype(np.float64)]
+    seconds = 0.0
+    with _compile_lock:
+        for fn in graph.kernels_used():
+            if not hasattr(fn, "compile"):
+                continue
+            todo = [dt for dt in dtypes if (id(fn), dt.str) not in _compiled]
+            if todo:
+                seconds += fn.compile(todo)
+                _compiled.update((id(fn), dt.str) for dt in todo)
+    return seconds
+
+
+def check_same_graph(graph: Graph, net) -> None:
+    """Raise GraphError on every rank if the ranks of ``net`` built different graphs,
+    naming the first task that differs (:func:`taskgraph.fingerprint.compare_ranks`:
+    one allgather of 24 bytes when they agree). Collective over ``net``."""
+    if net.size == 1:
+        return
+    try:
+        fp = importlib.import_module(".fingerprint", __package__)
+    except ImportError:  # (the module lands with the graph fingerprint)
+        return
+    message = fp.compare_ranks(graph, net.allgather)
+    if message is not None:
+        raise GraphError(f"run {graph.name!r}, rank {net.rank}/{net.size}: {message}")
+
+
+class RunValues(dict):
+    """A batch run's values on this rank: the graph's ``results`` while it is the
+    run's.
+
+    A value that only one rank holds (the task has successors, so it is not shared at
+    the end) reads as absent (``in`` is False) on every rank until it has been
+    shared, so that :meth:`Graph.result` asks the run's fetch hook, which every rank
+    calls alike. Indexing still returns what this rank holds.
+    """
+
+    def __init__(self, held: set[int]):
+        super().__init__()
+        self.held = held  # task ids whose values one rank holds, not yet shared
+
+    def __contains__(self, tid) -> bool:
+        return dict.__contains__(self, tid) and tid not in self.held
+
+    def __setitem__(self, tid, value) -> None:
+        self.held.discard(tid)
+        dict.__setitem__(self, tid, value)
+
+    def __getstate__(self):
+        return dict(self)
+
+
+_queue_lock = threading.Lock()
+_last_run: Run | None = None  # the run a new run waits for
+
+
+class Run:
+    """A graph executing on a cluster; returned at once by :meth:`JobCluster.run`.
+
+    States: queued (an earlier run of this process still going), running, done or
+    failed. ``wait()`` raises the run's error; ``result(future)`` or
+    ``future.result()`` gives a value (collective in batch: see the module doc).
+    """
+
+    def __init__(
+        self,
+        cluster: JobCluster,
+        graph: Graph,
+        workers: int,
+        blas_threads: int,
+        plan: Plan | None = None,
+        trace: bool = True,
+        task_timeout: float | None = None,
+    ):
+        global _last_run
+        assert cluster.world is not None and cluster.rank is not None  # (a member's)
+        self.cluster = cluster
+        self.world: World = cluster.world
+        self.tracing = trace
+        self.graph = graph
+        self.workers = workers
+        self.blas_threads = blas_threads
+        self.task_timeout = task_timeout
+        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
+        self.rank_plan = self.plan.for_rank(cluster.rank)
+        self.world.runs += 1
+        self.id = self.world.runs  # (the same on every rank of the world: SPMD)
+        self._valued = {t.id for t in graph.tasks if not hasattr(t.fn, "modes")}
+        self.values = RunValues(self._valued - set(self.rank_plan.results))
+        self._own_graph()
+        self.compile_seconds = 0.0
+        self.seconds = 0.0
+        self.stats = Stats()
+        self._error: BaseException | None = None
+        self._executor: Executor | None = None
+        self._lock = threading.Lock()
+        self._cancel_reason: str | None = None
+        self._begun = threading.Event()  # no earlier run to wait for any more
+        self._started = threading.Event()
+        self._finished = threading.Event()  # waited on, not join(): see join()
+        self._cursor = (0, 0)
+        self._trace: Trace | None = None
+        with _queue_lock:
+            self._previous, _last_run = _last_run, self
+        self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
+        self._thread.start()
+
+    def _own_graph(self) -> None:
+        """Point the graph's futures at this run: its values, its fetch."""
+        g = self.graph
+        g.results = self.values
+        g.result_ranks.clear()
+        g.result_ranks.update((t, self.plan.placement[t]) for t in self._valued)
+        g.fetch = self._fetch
+
+    def _main(self) -> None:
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            previous.join()  # one run at a time: their communicators are made in order
+        self._begun.set()
+        try:
+            self._execute()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by wait()
+            self._error = exc
+        finally:
+            self._started.set()
+            self._finished.set()
+
+    def _execute(self) -> None:
+        from threadpoolctl import threadpool_limits
+
+        self.compile_seconds = compile_kernels(self.graph)
+        # (scipy's BLAS is loaded already, by JobCluster: the limit covers only the
+        # libraries loaded when it is set)
+        with threadpool_limits(limits=self.blas_threads, user_api="blas"), gc_frozen():
+            net = self.world.network()
+            try:
+                check_same_graph(self.graph, net)
+            except BaseException:
+                net.close()
+                raise
+            ex = self._executor_for(net)
+            with self._lock:
+                self._executor, reason = ex, self._cancel_reason
+            self._started.set()
+            if reason is not None:
+                ex.cancel(reason)
+            t0 = time.perf_counter()
+            try:
+                ex.run()
+            finally:
+                self.seconds = time.perf_counter() - t0
+                self.stats = ex.stats
+                self._claim_values()
+
+    def _executor_for(self, net) -> Executor:
+        extra = {} if self.task_timeout is None else {"task_timeout": self.task_timeout}
+        return Executor(
+            self.graph,
+            self.rank_plan,
+            net,
+            self.workers,
+            self.cluster.pool,
+            self.tracing,
+            compile_seconds=self.compile_seconds,  # (traced apart from the run's time)
+            **extra,
+        )
+
+    def _claim_values(self) -> None:
+        """The executor put its values into ``graph.results``: a later run of the same
+        graph may have taken that over since (it waits for this one): take them back."""
+        written = self.graph.results
+        if written is not self.values:
+            dict.update(self.values, written)
+            dict.clear(written)
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def state(self) -> str:
+        """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``."""
+        if self._finished.is_set():
+            return "failed" if self._error is not None else "done"
+        return "running" if self._begun.is_set() else "queued"
+
+    def progress(self) -> tuple[int, int]:
+        """(tasks done, tasks) on this rank."""
+        ex = self._executor
+        return ex.progress() if ex is not None else (0, len(self.rank_plan.tasks))
+
+    def batches(self) -> list[dict]:
+        """This rank's events since the last call (the notebook view polls these)."""
+        ex = self._executor
+        if ex is None:
+            return []
+        batch, self._cursor = ex.trace.batch(self._cursor)
+        done, total = ex.progress()
+        batch.update(done=done, total=total, elapsed=ex.trace.now(), final=self.done())
+        return [batch]
+
+    @property
+    def trace(self) -> Trace:
+        """The run's events, merged over every rank on rank 0 (this rank's elsewhere)."""
+        self.join()
+        if self._trace is None:
+            trace = Trace.for_graph(self.graph, self.cluster.size)
+            ex = self._executor
+            parts = ex.trace_parts if ex is not None else None
+            if parts is None and ex is not None:
+                parts = [ex.trace.batch()[0]]
+            for part in parts or []:
+                trace.ingest(part)
+            trace.finish(str(self._error) if self._error is not None else None)
+            trace.file_sync = self._file_sync
+            self._trace = trace
+        return self._trace
+
+    def _file_sync(self, path: str) -> None:
+        """Rank 0 wrote the trace file ``path`` (the others write nothing): the other
+        ranks wait for it, so that code after ``to_chrome`` may read it on any rank."""
+        if self.world.rank == 0:
+            tell_written(self.world, path)
+        elif not wait_written(self.world, path, self.cluster.fetch_timeout):
+            print(
+                f"taskgraph: rank {self.world.rank}: rank 0 did not write {path} within "
+                f"{self.cluster.fetch_timeout:g} s (does every rank write the trace?)",
+                file=sys.stderr,
+            )
+
+    def show(self, **kwargs):
+        """Live view: a widget in a notebook, a progress line and trace files elsewhere."""
+        from .widgets import show
+
+        return show(self, **kwargs)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the run to end, without raising its error.
+
+        An Event, not ``Thread.join``: a KeyboardInterrupt that lands in
+        ``Thread.join`` can leave the thread looking finished while it still runs.
+        """
+        return self._finished.wait(timeout)
+
+    @property
+    def executor(self) -> Executor | None:
+        return self._executor
+
+    def wait(self, timeout: float | None = None) -> Run:
+        """Block until the run ends (a queued run: starts and ends); raise its error if
+        it failed on any rank; TimeoutError if it is still going after ``timeout`` s."""
+        try:
+            self.join(timeout)
+        except KeyboardInterrupt:
+            self.cancel("interrupted (KeyboardInterrupt)")
+            self.join()
+            raise
+        if not self.done():
+            raise TimeoutError(f"run of {self.graph.name!r} still {self.state()} after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def cancel(self, reason: str = "cancelled by the user") -> None:
+        """Stop the run on every rank; ``wait()`` then raises. A queued run is stopped
+        as it starts (every rank takes part in it, so that none waits for this one)."""
+        with self._lock:
+            ex = self._executor
+            if ex is None:
+                self._cancel_reason = reason
+                return
+        ex.cancel(reason)
+
+    def result(self, future=None):
+        """Wait, then the value of ``future`` in this run (the graph's only sink if
+        none is given). Collective in batch for a value that one rank holds: call it
+        on every rank (see the module doc)."""
+        self.wait()
+        if future is None:
+            sinks = self.rank_plan.results
+            if len(sinks) != 1:
+                raise RunError(f"the graph has {len(sinks)} results: name the future you want")
+            tid = sinks[0]
+        else:
+            if future.graph is not self.graph:
+                raise RunError(f"{future!r} is not a task of run {self.graph.name!r}")
+            tid = future.id
+        if tid not in self._valued:
+            raise GraphError(f"task {self.graph.label(tid)} is a kernel: it has no value")
+        if tid not in self.values:
+            self.values[tid] = self._fetch(tid)
+        return self.values[tid]
+
+    def _fetch(self, tid: int):
+        """The value of task ``tid`` from the rank that holds it, on every rank."""
+        self.wait()
+        if tid in self.values:
+            return self.values[tid]
+        label = self.graph.label(tid)
+        return share_value(
+            self.world,
+            self.plan.placement[tid],
+            (self.id, tid, label),
+            dict.get(self.values, tid),
+            self.cluster.fetch_timeout,
+            f"task {label} (run {self.graph.name!r})",
+        )
+
+    def __repr__(self) -> str:
+        return f"<Run {self.graph.name!r} on {self.cluster.size} ranks: {self.state()}>"
+
+
+class IdleRun:
+    """A run of a cluster this rank is not part of (``tg.Cluster(n)`` with n smaller
+    than the job): the graph is planned here, as on every rank, and nothing else
+    happens; ``wait()`` returns at once. Its figures are NaN, its trace empty; values
+    live on the cluster's ranks only, and asking for one here raises RunError."""
+
+    def __init__(self, cluster: JobCluster, graph: Graph, plan: Plan | None = None):
+        self.cluster = cluster
+        self.graph = graph
+        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
+        self.seconds = self.compile_seconds = math.nan
+        self.stats = Stats()
+        self.executor = None
+        graph.fetch = self._fetch
+        graph.results = RunValues({t.id for t in graph.tasks})
+        graph.result_ranks.clear()
+        graph.result_ranks.update((t.id, self.plan.placement[t.id]) for t in graph.tasks)
+
+    def done(self) -> bool:
+        return True
+
+    def state(self) -> str:
+        return "done"
+
+    def join(self, timeout: float | None = None) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None) -> IdleRun:
+        return self
+
+    def cancel(self, reason: str = "") -> None:
+        """Nothing runs here: nothing to stop."""
+
+    def progress(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def batches(self) -> list[dict]:
+        return []
+
+    @property
+    def trace(self) -> Trace:
+        trace = Trace.for_graph(self.graph, self.cluster.size)
+        trace.finish(None)
+        return trace
+
+    def show(self, **kwargs) -> None:
+        """Nothing to show on a rank outside the cluster (its ranks show the run)."""
+
+    def result(self, future=None):
+        return self._fetch(future.id if future is not None else -1)
+
+    def _fetch(self, tid: int):
+        raise RunError(
+            f"rank {self.cluster.job.rank} is not one of the {self.cluster.size} rank(s) of "
+            f"this cluster, so run {self.graph.name!r} has no values here: use them on "
+            f"ranks 0..{self.cluster.size - 1}, or make tg.Cluster() of the whole job"
+        )
+
+    def __repr__(self) -> str:
+        return f"<Run {self.graph.name!r} on {self.cluster.size} ranks, not this one>"
+
+
+def last_run() -> Run | None:
+    """The latest run made in this process (the one a new run would wait for)."""
+    return _last_run
