@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph import Graph, Ref
+from .graph import Graph, Ref, paused_gc
 
 BLOCK = 1024  # tasks per block digest
 _ARRAY_BYTES = 1 << 24  # arrays up to 16 MiB are hashed whole, larger ones sampled
@@ -56,9 +56,10 @@ class Fingerprint:
 
 def fingerprint(graph: Graph) -> Fingerprint:
     """The fingerprint of ``graph`` (a pure function of what the graph does)."""
-    coder = _Coder(graph)
     n = len(graph.tasks)
-    blocks = tuple(_block_digest(coder.codes(s, min(s + BLOCK, n))) for s in range(0, n, BLOCK))
+    with paused_gc():  # many short-lived tuples: see Graph.__enter__
+        coder = _Coder(graph)
+        blocks = tuple(_block_digest(coder.codes(s, min(s + BLOCK, n))) for s in range(0, n, BLOCK))
     h = hashlib.blake2b(digest_size=16)
     h.update(n.to_bytes(8, "little"))
     h.update(b"".join(blocks))
@@ -168,7 +169,7 @@ class _Coder:
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.fn_codes: dict[int, int] = {}  # by id(fn): one call, the graph holds them
+        self.fn_codes: dict[object, int] = {}  # by the function object (its identity)
         self.const_codes: dict[tuple, int] = {}
         self.array_codes: dict[int, int] = {}  # by id(array), likewise
         self.data_codes = self._data_codes()
@@ -200,9 +201,9 @@ class _Coder:
         fn_codes, dc, const = self.fn_codes, self.data_codes, self.const_code
         out = []
         for t in self.graph.tasks[start:stop]:
-            fcode = fn_codes.get(id(t.fn))
+            fcode = fn_codes.get(t.fn)
             if fcode is None:
-                fcode = fn_codes[id(t.fn)] = self._fn_code(t.fn)
+                fcode = fn_codes[t.fn] = self._fn_code(t.fn)
             args = tuple(
                 [
                     dc[a.data] * 4 + a.mode
