@@ -240,7 +240,7 @@ class _Coder:
         if c is int:
             return a
         if c is float:
-            return hash((2, a))
+            return hash((2, a)) if a == a else 2  # (a NaN's hash is its id())
         if c is str:
             code = self.const_codes.get((str, a))
             if code is None:

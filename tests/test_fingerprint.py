@@ -73,6 +73,8 @@ def matrix_graph(dtype=np.float64, tile=(1, 0)) -> tg.Graph:
 
 def test_equal_graphs_have_equal_fingerprints():
     assert fingerprint(futures_graph()) == fingerprint(futures_graph())
+    nan = futures_graph(x=float("nan"), last=(float("nan"),))
+    assert fingerprint(nan) == fingerprint(futures_graph(x=float("nan"), last=(float("nan"),)))
     # matrices made again have new uids, and the same geometry
     assert fingerprint(matrix_graph()) == fingerprint(matrix_graph())
 
