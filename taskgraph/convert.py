@@ -11,6 +11,10 @@ in the notebook                         in the script
                                         (an error in a job of fewer ranks)
 ``tg.Cluster.attach(...)``              ``_tgnb.JobCluster()``: all the job's ranks
                                         (``mpiexec -n 4``, ``srun``)
+``future.result()`` (from an engine)    unchanged: collective, every rank calls it and
+                                        the rank holding the value sends it
+``cluster.compile()``, ``.restart()``   unchanged: compile on every rank; nothing to
+                                        restart in a job (see ``JobCluster``)
 ``A.gather()`` (array in the client)    ``A.gather(root=None)``: the array on every rank,
                                         so code after it runs the same everywhere
 ``run.show()``, a run displayed         ``run.show()``: a progress line, trace files in
