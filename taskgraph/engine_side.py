@@ -151,11 +151,13 @@ def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
         forget_matrix(uid)
     plan, workers, blas_threads, trace, task_timeout = cloudpickle.loads(payload)
     cluster = current_cluster()
+    publish = _publisher()
+    if publish is not None:  # before any task can hold the interpreter
+        publish({"alive": (0.0, [])})
     extra = {} if task_timeout is None else {"task_timeout": task_timeout}
     run = cluster.run(
         plan.graph, workers=workers, blas_threads=blas_threads, plan=plan, trace=trace, **extra
     )
-    publish = _publisher()
     seq, cursor = 0, (0, 0)
     t0 = time.perf_counter()
     step = min(interval, 0.05)  # a SIGINT is seen within this

@@ -60,7 +60,7 @@ _remote_uids = itertools.count(1)
 STUCK_GRACE = 5.0  # seconds past a task's limit before its silent engine is called stuck
 _live: weakref.WeakSet[EngineCluster] = weakref.WeakSet()  # clusters started here, open
 LOG_TAIL = 30  # lines of the engines' log quoted when they die at start
-STOP_TIMEOUT = 10.0  # seconds an orderly engine shutdown may take before they are killed
+STOP_TIMEOUT = 5.0  # seconds an orderly engine shutdown may take before they are killed
 
 
 class EngineCluster(Cluster):
@@ -267,18 +267,22 @@ class EngineCluster(Cluster):
             self._stop_started()
 
     def _shutdown_engines(self) -> None:
-        """Cancel what runs, then finalize MPI on every engine and let them exit."""
+        """Cancel what runs, then finalize MPI on every engine and let them exit. Engines
+        that do not answer within ``STOP_TIMEOUT`` are left to be killed."""
         last = self._last_run
         try:
             if last is not None and not last.done():
                 last.cancel()
                 last.ar.wait(STOP_TIMEOUT)
-            if self._stuck is None and self.alive():
-                ar = self.view.apply_async(engine_side.shutdown)
-                ar.wait(STOP_TIMEOUT)
-                deadline = time.monotonic() + STOP_TIMEOUT
-                while self._engines_exited() is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                if not last.done():
+                    return
+            if self._stuck is not None or not self.alive():
+                return
+            ar = self.view.apply_async(engine_side.shutdown)
+            ar.wait(STOP_TIMEOUT)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while ar.ready() and self._engines_exited() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
         except Exception:  # noqa: BLE001 - what is left is killed by _stop_started
             pass
 
@@ -587,31 +591,51 @@ class EngineRun:
         return own if own is not None else self.task_timeout
 
     def _check_stuck(self) -> None:
-        """RunError if an engine's heartbeat shows a task past its time limit (plus
-        ``STUCK_GRACE``): the engine did not end it, and may not even answer."""
+        """RunError if an engine is stuck in a task: its heartbeat shows the task past
+        its time limit plus ``STUCK_GRACE``, or the heartbeat itself stopped for that
+        long (a call into C that holds the interpreter) while every task has a limit."""
+        if self.queued():
+            return
         data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
+        data += [{}] * (self.cluster.size - len(data))
         now = time.monotonic()
+        longest = self._longest_limit()
         for rank, per_engine in enumerate(data):
             beat = per_engine.get("alive") if isinstance(per_engine, dict) else None
-            if beat is None:
-                continue
+            if beat is None:  # stuck before its first heartbeat: silent since it started
+                beat = (None, [])
             heard = self._heard.get(rank)
             if heard is None or heard[0] != beat:
                 self._heard[rank] = heard = (beat, now)
-            _, running = beat
+            silent = now - heard[1]
+            running: list[tuple[int, float]] = beat[1]
             for tid, seconds in running:
                 limit = self._limit(tid)
-                if limit is None:
-                    continue
-                ran = seconds + now - heard[1]
-                if ran > limit + STUCK_GRACE:
-                    self._report_stuck(tid, rank, ran, limit)
+                if limit is not None and seconds + silent > limit + STUCK_GRACE:
+                    self._report_stuck([tid], rank, limit, silent)
+            if longest is not None and silent > longest + STUCK_GRACE:
+                tids = [tid for tid, _ in running] or self._unfinished(rank)
+                self._report_stuck(tids, rank, longest, silent)
 
-    def _report_stuck(self, tid: int, rank: int, ran: float, limit: float) -> None:
+    def _longest_limit(self) -> float | None:
+        """The longest time limit of the graph's tasks (None if one has none)."""
+        limits = [self._limit(t.id) for t in self.graph.tasks]
+        return None if not limits or None in limits else max(limits)  # type: ignore[type-var]
+
+    def _unfinished(self, rank: int) -> list[int]:
+        """Tasks of ``rank`` whose end has not been reported."""
+        self.batches()
+        ended = {t for b in self._kept if b["rank"] == rank for t in b["events"]["tasks"]["id"]}
+        placement = self.plan.placement
+        return [t.id for t in self.graph.tasks if placement[t.id] == rank and t.id not in ended]
+
+    def _report_stuck(self, tids: list[int], rank: int, limit: float, silent: float) -> None:
+        names = ", ".join(self.graph.label(t) for t in tids[:3]) + (" ..." if len(tids) > 3 else "")
         what = (
-            f"task {self.graph.label(tid)} on rank {rank}/{self.cluster.size} has run "
-            f"{ran:.0f} s, past its time limit of {limit:g} s, and its engine did not stop it "
-            "(a call that never returns)"
+            f"task {names} on rank {rank}/{self.cluster.size} ran past its time limit of "
+            f"{limit:g} s and was not stopped"
+            + (f"; the engine has not answered for {silent:.0f} s" if silent > 1 else "")
+            + " (a call that never returns)"
         )
         self.cancel()
         self.cluster._stuck = what
@@ -621,15 +645,14 @@ class EngineRun:
         if self.summaries is not None:
             return
         try:
-            self.summaries = self.ar.get()
+            summaries = self.ar.get()
         except Exception as exc:  # an engine died or the engine function failed
             if not self.cluster.alive():
                 raise RunError(self.cluster._dead_message()) from exc
-            if self._cancelled and "abort" in f"{type(exc).__name__} {exc}".lower():
-                raise RunError(
-                    f"run of {self.graph.name!r} was cancelled before it started"
-                ) from None
             raise
+        if any(not isinstance(s, dict) for s in summaries):  # ipyparallel's TaskAborted
+            raise RunError(f"run of {self.graph.name!r} was cancelled before it started")
+        self.summaries = summaries
         self.wall_seconds = time.perf_counter() - self.t0
         self.seconds = max(s["seconds"] for s in self.summaries)
         self.compile_seconds = max(s["compile_seconds"] for s in self.summaries)

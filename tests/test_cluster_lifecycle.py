@@ -1,0 +1,235 @@
+"""A notebook cluster's life: it starts or says why not, it closes without noise or
+leftovers, it dies with its client, and its runs queue, cancel and time out cleanly.
+
+Every cluster here is real (an ipyparallel controller and engines under the mpich
+wheel's mpiexec) and closed by the test; every process it starts carries a marker, and
+the test fails (and kills them) if any is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import numpy as np
+import pytest
+from conftest import ROOT, _clean_env, assert_none_left
+
+import taskgraph as tg
+from taskgraph import watchdog
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def marker(monkeypatch):
+    """A value in the environment of every process the test's clusters start."""
+    value = uuid.uuid4().hex
+    monkeypatch.setenv("TASKGRAPH_TEST_JOB", value)
+    yield value
+    assert_none_left(value)
+
+
+@pytest.fixture
+def cluster(marker):
+    c = tg.Cluster(n=2)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@tg.kernel(modes="rw", dims="mn")
+def nap(t):
+    time.sleep(0.1)
+    t += 1.0
+
+
+def naps(cluster, rounds: int) -> tuple[tg.Graph, tg.TiledMatrix]:
+    """``rounds`` naps of 0.1 s on every rank."""
+    B = tg.TiledMatrix.zeros((2 * cluster.size, 2), 2, grid=(cluster.size, 1), cluster=cluster)
+    with tg.Graph("naps") as g:
+        for _ in range(rounds):
+            for i in range(cluster.size):
+                nap(B[i, 0].rw)
+    return g, B
+
+
+def ours(c) -> tuple[list[str], list[str]]:
+    """The cluster's MPI shared-memory segments and its files on disk."""
+    shm = sorted(f for info in c.infos for f in info["shm"])
+    return shm, c._leftover_files()
+
+
+def existing(paths) -> list[str]:
+    return [p for p in paths if os.path.exists(p)]
+
+
+# -- starting --------------------------------------------------------------------------
+
+
+def test_engines_that_die_at_start_are_reported_at_once_with_their_log(marker, monkeypatch):
+    """A bad MPI setting: MPI_Init fails in every engine, mpiexec exits."""
+    monkeypatch.setenv("MPIR_CVAR_CH4_OFI_ENABLE_TAGGED", "bogus")
+    t0 = time.monotonic()
+    with pytest.raises(tg.RunError, match="engines exited before") as info:
+        tg.Cluster(n=2, timeout=100)
+    assert time.monotonic() - t0 < 40, "reported long after the engines exited"
+    assert "MPIR_CVAR_CH4_OFI_ENABLE_TAGGED" in str(info.value), "the log's real error"
+
+
+# -- closing ---------------------------------------------------------------------------
+
+
+def test_close_finalizes_mpi_and_leaves_nothing(marker, capfd):
+    c = tg.Cluster(n=2)
+    shm, files = ours(c)
+    assert shm and existing(shm) == shm, "each engine maps MPICH's shared memory"
+    engines = list(c._ipp.engines.values())
+    controller = c._ipp.controller
+    g, B = naps(c, 3)
+    c.run(g).wait()  # progress batches went through the controller
+    capfd.readouterr()
+    c.close()
+    out, err = capfd.readouterr()
+    assert out + err == "", "close() printed something"
+    assert existing(shm) == [] and existing(files) == []
+    assert watchdog.marked(c._marker) == []
+    engine_log = "".join(es.get_output() for es in engines)  # read before close removed it
+    for alarm in ("Traceback", "MPI_Abort", "Event loop stopped", "BAD TERMINATION"):
+        assert alarm not in engine_log, engine_log
+    assert "unhandled iopub" not in controller.get_output()
+
+
+def test_restart_frees_the_old_engines_shared_memory(cluster):
+    old_shm, old_files = ours(cluster)
+    cluster.restart()
+    new_shm, _ = ours(cluster)
+    assert existing(old_shm) == [] and existing(new_shm) == new_shm
+    assert existing(old_files) == []
+    g, B = naps(cluster, 1)
+    cluster.run(g).wait()
+    assert np.all(B.gather() == 1.0)
+
+
+CLIENT = textwrap.dedent("""
+    import json, sys, time
+    import taskgraph as tg
+
+    c = tg.Cluster(n=2)
+    shm = [f for info in c.infos for f in info["shm"]]
+    print(json.dumps({"marker": c._marker, "files": c._leftover_files(), "shm": shm}))
+    print("READY", flush=True)
+    time.sleep(300)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_a_killed_client_takes_its_cluster_with_it(sig, tmp_path):
+    """SIGTERM and SIGHUP close the cluster in the client; after SIGKILL the watchdog
+    does it. Either way nothing is left within seconds."""
+    import json
+
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    test_marker = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=_clean_env(TASKGRAPH_TEST_JOB=test_marker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        described = proc.stdout.readline()  # type: ignore[union-attr]
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()  # type: ignore[union-attr]
+        what = json.loads(described)
+        assert watchdog.marked(what["marker"]), "the cluster runs"
+        os.kill(proc.pid, sig)
+        proc.wait(15)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (
+            watchdog.marked(what["marker"]) or existing(what["files"] + what["shm"])
+        ):
+            time.sleep(0.2)
+        assert watchdog.marked(what["marker"]) == []
+        assert existing(what["files"] + what["shm"]) == []
+        assert proc.returncode == -sig, "the signal ends the client as it would have"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        assert_none_left(test_marker)
+
+
+# -- runs ------------------------------------------------------------------------------
+
+
+def test_a_second_run_is_queued_until_the_first_ends(cluster):
+    g1, B1 = naps(cluster, 10)  # 1 s
+    g2, B2 = naps(cluster, 1)
+    first = cluster.run(g1)
+    second = cluster.run(g2)
+    assert second.state() == "queued" and second.queued()
+    assert "queued" in repr(second)
+    first.wait(60)
+    second.wait(60)
+    assert first.state() == second.state() == "done" and "done" in repr(second)
+    assert np.all(B1.gather() == 10.0) and np.all(B2.gather() == 1.0)
+
+
+def test_a_queued_run_cancelled_never_runs(cluster):
+    g1, B1 = naps(cluster, 10)
+    g2, B2 = naps(cluster, 1)
+    first = cluster.run(g1)
+    second = cluster.run(g2)
+    second.cancel()
+    with pytest.raises(tg.RunError, match="cancelled before it started"):
+        second.wait(60)
+    first.wait(60)
+    assert np.all(B1.gather() == 10.0) and np.all(B2.gather() == 0.0)
+
+
+def test_double_cancel_is_one_run_error_and_the_run_stops(cluster):
+    """Two SIGINTs on each engine (two cancels, or two Ctrl-C) during a run."""
+    for _ in range(3):
+        g, _ = naps(cluster, 200)  # 20 s
+        run = cluster.run(g)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        run.cancel()
+        run.cancel()
+        cluster.client.send_signal(signal.SIGINT, targets=cluster.engine_ids)  # (a 2nd SIGINT)
+        with pytest.raises(tg.RunError, match="interrupted"):
+            run.wait(timeout=30)
+        assert time.monotonic() - t0 < 10
+    g2, B2 = naps(cluster, 1)
+    cluster.run(g2).wait(60)
+    assert np.all(B2.gather() == 1.0)
+
+
+@tg.task
+def backtrack(n: int) -> bool:
+    """Hours in one C call that holds the interpreter: the engine cannot even answer."""
+    return re.match(r"(a+)+$", "a" * n + "b") is not None
+
+
+def test_an_engine_stuck_past_the_task_timeout_is_reported(cluster):
+    with tg.Graph("stuck") as g:
+        backtrack(60)
+    t0 = time.monotonic()
+    run = cluster.run(g, task_timeout=1.0)
+    with pytest.raises(tg.RunError, match=r"task backtrack.* on rank \d/2 .*time limit of 1 s"):
+        run.wait(timeout=60)
+    assert time.monotonic() - t0 < 1.0 + 15
+    with pytest.raises(tg.RunError, match="restart"):
+        cluster.run(g)
+
