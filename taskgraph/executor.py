@@ -49,6 +49,15 @@ A task that raises stops this rank's workers, sends an abort to every other rank
 and all ranks agree on the outcome (``Ibarrier`` then ``allgather``)
 before the run's communicator is freed, so every rank raises the same
 :class:`~taskgraph.errors.TaskError`, and the next run starts clean.
+
+Time limits and stuck tasks: the progress thread fails the run when a task runs past
+its limit (the function's ``timeout``, else ``task_timeout``). A cancel only records
+its reason and wakes the progress thread (no lock: safe from any thread, any number
+of times). When the run stops, a worker still in its task after ``STOP_GRACE``
+seconds (or at once, for a task past its limit) gets :class:`TaskAbandoned` raised
+in its thread and is abandoned: the run concludes without it, names its task, and
+the next run starts beside it. A pure-Python loop ends there; a call into C that
+never returns keeps its (daemon) thread until the process exits.
 """
 
 from __future__ import annotations
