@@ -31,6 +31,7 @@ import numpy as np
 
 from .access import Access, Mode, parse_modes
 from .errors import GraphError
+from .nested import describe
 
 
 class Kernel:
@@ -93,8 +94,6 @@ class Kernel:
         return self.fn(*args)
 
     def _refuse_in_graph(self, args) -> None:
-        from .nested import describe
-
         shown = ", ".join(describe(a) for a in args)
         raise GraphError(
             f"kernel call {self.name}({shown}) inside `with tg.Graph():` would run at once "
