@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     """The demo on this rank (called on every rank of the job)."""
     args = parser().parse_args(argv)
     cluster = JobCluster(workers=args.workers)
+    world = cluster.world
+    assert world is not None  # (every rank of the demo's job is in its cluster)
     dtype = np.dtype(args.dtype)
     A = TiledMatrix.random_spd(args.n, args.tile, dtype, seed=args.seed, cluster=cluster)
     graph = cholesky(A)
@@ -96,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             graph = cholesky(A)
         cluster.barrier()
         run = cluster.run(graph).wait()
-        seconds = min(seconds, max(cluster.world.allgather(run.seconds)))
+        seconds = min(seconds, max(world.allgather(run.seconds)))
     if cluster.rank == 0:  # again after the runs (the others sleep in the barrier): a
         # shared machine's noisy neighbour can depress one measurement; keep the best
         peak = max(peak, node_peak(threads, dtype))
     cluster.barrier()
     # peak resident memory of every rank, against its share of the matrix
-    rss = cluster.world.allgather(peak_rss_mib())
-    share = cluster.world.allgather(sum(t.nbytes for t in A.tiles.values()) / 2**20)
+    rss = world.allgather(peak_rss_mib())
+    share = world.allgather(sum(t.nbytes for t in A.tiles.values()) / 2**20)
     residual = None
     factor = A.gather(root=0) if not args.no_check else None
     if cluster.rank != 0:
