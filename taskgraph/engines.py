@@ -52,7 +52,7 @@ from .cluster import Cluster
 from .comm import single_copy_env
 from .errors import RemoteTraceback, RunError, TaskError
 from .graph import Graph
-from .launch import launcher_flavour
+from .launch import launcher_flavour, local_env
 from .plan import Plan, make_plan
 from .trace import Trace
 
@@ -105,14 +105,20 @@ class EngineCluster(Cluster):
         from traitlets.config import Config
 
         exe = config.mpiexec()
+        flavour = launcher_flavour(exe)
         self._marker = uuid.uuid4().hex
         mark = {watchdog.MARK: self._marker}
         cfg = Config()
         cfg.MPILauncher.mpi_cmd = [exe]
-        # engines start MPI before taskgraph is imported: single copy comes from here
-        cfg.MPIEngineSetLauncher.environment = {**single_copy_env(), **mark}
+        # engines start MPI before taskgraph is imported: single copy and shared
+        # memory only (no rank listening on the machine's address) come from here
+        cfg.MPIEngineSetLauncher.environment = {
+            **single_copy_env(),
+            **local_env(flavour, os.environ),
+            **mark,
+        }
         cfg.LocalControllerLauncher.environment = mark
-        if launcher_flavour(exe) == "openmpi":
+        if flavour == "openmpi":
             cfg.MPILauncher.mpi_args = ["--oversubscribe", "--allow-run-as-root"]
         t0 = time.perf_counter()
         guard = watchdog.Guard()  # before anything starts: a kill now is covered too
@@ -162,7 +168,7 @@ class EngineCluster(Cluster):
         """The tail of the engines' log if their mpiexec has exited (None if it runs)."""
         import psutil
 
-        for es in (self._ipp.engines.values() if self._ipp is not None else ()):
+        for es in self._ipp.engines.values() if self._ipp is not None else ():
             proc = getattr(es, "process", None)
             try:
                 running = proc is not None and proc.status() != psutil.STATUS_ZOMBIE
@@ -423,6 +429,7 @@ class EngineCluster(Cluster):
         )
         self._last_run = run
         return run
+
 
 def _tail(path: str, lines: int = LOG_TAIL) -> str:
     try:

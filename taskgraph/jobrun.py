@@ -16,7 +16,6 @@ smaller cluster gets: nothing runs there.
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 import threading
@@ -28,6 +27,7 @@ import numpy as np
 from .comm import World, share_value, tell_written, wait_written
 from .errors import GraphError, RunError
 from .executor import Executor, Stats, gc_frozen
+from .fingerprint import compare_ranks
 from .graph import Graph
 from .plan import Plan, make_plan
 from .trace import Trace
@@ -60,11 +60,7 @@ def check_same_graph(graph: Graph, net) -> None:
     one allgather of 24 bytes when they agree). Collective over ``net``."""
     if net.size == 1:
         return
-    try:
-        fp = importlib.import_module(".fingerprint", __package__)
-    except ImportError:  # (the module lands with the graph fingerprint)
-        return
-    message = fp.compare_ranks(graph, net.allgather)
+    message = compare_ranks(graph, net.allgather)
     if message is not None:
         raise GraphError(f"run {graph.name!r}, rank {net.rank}/{net.size}: {message}")
 

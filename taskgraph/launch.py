@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from . import config
 
@@ -52,11 +52,28 @@ def mpiexec_command(
     return cmd + list(argv)
 
 
+def local_env(flavour: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """Settings that keep a one-node MPICH job's ranks off the network: UCX (the
+    ``mpich`` wheel's netmod) on shared memory only, so no rank listens on a TCP port
+    (by default each listens on the machine's address, unauthenticated). Left alone
+    where the user set UCX's transports or devices, and for other MPIs. (Hydra's own
+    control port still listens on every interface: it binds no other way.)"""
+    if flavour != "mpich" or "UCX_TLS" in environ or "UCX_NET_DEVICES" in environ:
+        return {}
+    return {"UCX_TLS": "self,sm"}
+
+
 def python_command(n: int, argv: Sequence[str]) -> list[str]:
     """``mpiexec -n N <this python> argv...`` for the configured launcher."""
     exe = config.mpiexec()
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     return mpiexec_command(exe, launcher_flavour(exe), n, [sys.executable, *argv], as_root)
+
+
+def job_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with :func:`local_env`'s settings added."""
+    base = dict(os.environ if env is None else env)
+    return {**base, **local_env(launcher_flavour(config.mpiexec()), base)}
 
 
 def script_argv(script: str, args: Sequence[str] = ()) -> list[str]:
@@ -85,7 +102,7 @@ def run_ranks(
         stderr=subprocess.PIPE if capture else None,
         text=True,
         start_new_session=True,
-        env=env,
+        env=job_environment(env),
     )
     try:
         out, err = collect(proc, timeout)

@@ -107,6 +107,29 @@ def test_close_finalizes_mpi_and_leaves_nothing(marker, capfd):
     assert "unhandled iopub" not in controller.get_output()
 
 
+def test_engines_listen_on_no_external_address(cluster, marker):
+    """The engines' MPI moves data through shared memory: no engine listens on the
+    machine's address for other users of a login node to reach (the controller and
+    the engines' ZeroMQ sockets are on 127.0.0.1). Hydra's control port, which the
+    engines inherit from their mpiexec, binds to every interface and is left out."""
+    import psutil
+    from conftest import processes_with
+
+    def listening(p) -> set[str]:
+        try:
+            conns = p.net_connections(kind="tcp")
+        except psutil.Error:
+            return set()
+        return {f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN}
+
+    procs = [psutil.Process(pid) for pid in processes_with(marker)]
+    launcher = set().union(*(listening(p) for p in procs if "mpiexec" in p.name()))
+    found = set().union(*(listening(p) for p in procs)) - launcher
+    assert found, "the controller listens on loopback at least"
+    external = sorted(a for a in found if not a.startswith("127."))
+    assert not external, f"listening on {external}"
+
+
 def test_restart_frees_the_old_engines_shared_memory(cluster):
     old_shm, old_files = ours(cluster)
     cluster.restart()
@@ -232,4 +255,3 @@ def test_an_engine_stuck_past_the_task_timeout_is_reported(cluster):
     assert time.monotonic() - t0 < 1.0 + 15
     with pytest.raises(tg.RunError, match="restart"):
         cluster.run(g)
-
