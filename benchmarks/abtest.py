@@ -2,7 +2,8 @@
 
     python -m benchmarks.abtest REF [--sizes 8 1048576] [--pairs 15]   # its own 2-rank job
 
-Loads ``taskgraph/executor.py`` as it is at the git ref REF beside the working tree's
+Loads ``taskgraph/run/executor.py`` (``taskgraph/executor.py`` before the layers) as it is
+at the git ref REF beside the working tree's
 and runs the comm suite's ping-pong chain with each in turn: pairs of runs, the two
 versions alternating, in one 2-rank job. Only the executor is swapped (the rest is the
 working tree's), so REF must be recent enough for its executor to run against today's
@@ -33,12 +34,31 @@ from pathlib import Path
 import taskgraph as tg
 from benchmarks.comm import hop_seconds, ping_pong
 from benchmarks.common import emit, job_env
-from taskgraph import config
+from taskgraph.core import config
+
+# an executor of the flat layout (before the layers): its imports, and where they are now
+FLAT = {
+    "from . import comm as": "from taskgraph.run import comm as",
+    "from . import config, memory": (
+        "from taskgraph.core import config\nfrom taskgraph.dsl import memory"
+    ),
+    "from .errors import": "from taskgraph.core.errors import",
+    "from .graph import": "from taskgraph.dsl.graph import",
+    "from .plan import": "from taskgraph.plan.planner import",
+    "from .trace import": "from taskgraph.trace.events import",
+}
+
+
+def layered(source: str) -> str:
+    """An executor of the flat layout with its imports pointed at the layers."""
+    for old, new in FLAT.items():
+        source = source.replace(old, new)
+    return source
 
 
 def load_executor(path: str):
     """The executor module in ``path``, loaded as a module of the taskgraph package."""
-    spec = importlib.util.spec_from_file_location("taskgraph._executor_ab", path)
+    spec = importlib.util.spec_from_file_location("taskgraph.run._executor_ab", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -47,8 +67,8 @@ def load_executor(path: str):
 
 
 def child(out: str, old_path: str, ref: str, sizes: list[int], pairs: int) -> None:
-    import taskgraph.cluster as cluster_module
-    from taskgraph import executor as new
+    import taskgraph.cluster.jobrun as cluster_module
+    from taskgraph.run import executor as new
 
     variants = {"ref": load_executor(old_path).Executor, "tree": new.Executor}
     cluster = tg.Cluster()
@@ -85,16 +105,17 @@ def child(out: str, old_path: str, ref: str, sizes: list[int], pairs: int) -> No
 
 
 def run(ref: str, sizes=(8, 1 << 20), pairs: int = 15) -> list[dict]:
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
-        ["git", "show", f"{ref}:taskgraph/executor.py"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    show = ["git", "show", f"{ref}:taskgraph/run/executor.py"]
+    found = subprocess.run(show, cwd=root, capture_output=True, text=True, check=False)
+    source = found.stdout
+    if found.returncode:  # a ref from before the layers
+        show[-1] = f"{ref}:taskgraph/executor.py"
+        source = layered(
+            subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
+        )
     with tempfile.TemporaryDirectory() as tmp:
         old_path = os.path.join(tmp, "executor_ref.py")
         Path(old_path).write_text(source)
@@ -110,7 +131,7 @@ def run(ref: str, sizes=(8, 1 << 20), pairs: int = 15) -> list[dict]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("ref", help="a git ref: its taskgraph/executor.py against the working tree's")
+    p.add_argument("ref", help="a git ref: its executor against the working tree's")
     p.add_argument("--sizes", nargs="+", type=int, default=[8, 1 << 20])
     p.add_argument("--pairs", type=int, default=15)
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)

@@ -6,7 +6,7 @@ The comm suite's ping-pong chain of 8-byte hops (1,000 hops; ``--quick``: 300), 
 again and again (30 times; ``--quick``: 12) in 2-rank jobs started by MPICH's
 ``mpiexec``, which binds no rank: jobs with ``TASKGRAPH_BIND=0`` (the ranks stay
 unbound) and jobs where each rank binds itself to its share of the node's CPUs
-(:mod:`taskgraph.affinity`), alternating, two jobs of each. Per setting: the
+(:mod:`taskgraph.core.affinity`), alternating, two jobs of each. Per setting: the
 distribution of a run's seconds (the slower rank's) and how many runs took more than
 twice the fastest run of both settings (``slow_runs``): a rank's threads sharing a
 core with the other rank's for a whole run make its hops several times as long.
@@ -28,7 +28,7 @@ import numpy as np
 import taskgraph as tg
 from benchmarks.comm import chain_seconds, ping_pong
 from benchmarks.common import emit, job_env, machine
-from taskgraph import config
+from taskgraph.core import config
 
 SETTINGS = ("0", "auto")  # TASKGRAPH_BIND
 
@@ -47,7 +47,7 @@ def child(out: str, hops: int, runs: int) -> None:
 
 
 def job(setting: str, out: str, hops: int, runs: int) -> dict:
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     argv = ["-m", "benchmarks.binding", "--child", out, "--hops", str(hops), "--runs", str(runs)]
     sys.stdout.flush()

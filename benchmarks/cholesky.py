@@ -115,7 +115,7 @@ class Runs:
 
 def demo(n: int, tile: int, dtype: str, ranks: int, workers: int) -> dict:
     args = ["--n", n, "--tile", tile, "--dtype", dtype, "--ranks", ranks, "--workers", workers]
-    cmd = common.python("-m", "taskgraph.cli", "demo", "--json", "--no-check")
+    cmd = common.python("-m", "taskgraph.batch.cli", "demo", "--json", "--no-check")
     cmd += ["--repeat", str(REPEAT), "--timeout", str(TIMEOUT), *map(str, args)]
     raw = common.last_json(cmd, timeout=TIMEOUT + 60)
     limits = [1.5 * share + 400 for share in raw["matrix_share_mib"]]
@@ -143,7 +143,7 @@ def lapack_seconds(n: int, dtype: str) -> dict[int, float]:
     import scipy.linalg
     from threadpoolctl import threadpool_limits
 
-    from taskgraph.tiled import spd_dense
+    from taskgraph.dsl.tiled import spd_dense
 
     a = spd_dense(n, BASE_TILE, dtype)
     best = {THREADS: math.inf, 1: math.inf}
@@ -162,7 +162,7 @@ def dask_seconds(n: int, dtype: str, chunk: int) -> float:
     import numpy as np
     from threadpoolctl import threadpool_limits
 
-    from taskgraph.tiled import spd_dense
+    from taskgraph.dsl.tiled import spd_dense
 
     a = spd_dense(n, BASE_TILE, dtype)
     best = math.inf

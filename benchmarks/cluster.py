@@ -20,9 +20,9 @@ import sys
 import time
 
 import taskgraph as tg
-from taskgraph import config
+from taskgraph.core import config
+from taskgraph.core.machine import describe
 from taskgraph.linalg import cholesky, cholesky_flops
-from taskgraph.machine import describe
 
 
 def emit(**fields) -> dict:
@@ -68,7 +68,7 @@ def batch_gflops(ranks: int, n: int, tile: int) -> float:
         [
             sys.executable,
             "-m",
-            "taskgraph.cli",
+            "taskgraph.batch.cli",
             "demo",
             "--ranks",
             str(ranks),

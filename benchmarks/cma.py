@@ -60,7 +60,7 @@ def one_way(comm, out: np.ndarray, into: np.ndarray, trips: int, gap_us: float |
 
 
 def child(out_path: str, quick: bool) -> None:
-    from taskgraph.comm import world
+    from taskgraph.run.comm import world
 
     comm = world().comm
     cma = os.environ.get("MPIR_CVAR_CH4_CMA_ENABLE", "0") == "1"
@@ -87,7 +87,7 @@ def child(out_path: str, quick: bool) -> None:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:

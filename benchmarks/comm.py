@@ -29,7 +29,7 @@ a round trip. It runs three ways: receiving into the buffer it sends from (as Ne
 does by default; it has separate buffers only in its cache-defeating ``-I`` mode) and
 into a second buffer (as the runtime does: it sends from the tile and receives into a
 pooled buffer), both in memory as the runtime's tiles are (huge pages from 1 MiB,
-:mod:`taskgraph.memory`), and into a second buffer of plain ``np.ones`` arrays
+:mod:`taskgraph.dsl.memory`), and into a second buffer of plain ``np.ones`` arrays
 (``raw_numpy_us``, what a user's own mpi4py code would have: NumPy asks for huge pages
 only from 4 MiB, and gets them for the 2 MiB-aligned stretches only, so that one
 varies from job to job). Each is the same difference of a long and a quarter-length
@@ -61,7 +61,8 @@ import numpy as np
 
 import taskgraph as tg
 from benchmarks.common import emit, job_env, machine
-from taskgraph import config, memory
+from taskgraph.core import config
+from taskgraph.dsl import memory
 
 KiB, MiB = 1 << 10, 1 << 20
 FULL = (8, 64, 512, 4 * KiB, 32 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB)
@@ -273,7 +274,7 @@ def baseline(same: float, two: float, numpy: float) -> float:
 
 def raw_buffers(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Two float64 buffers of ``n`` for the raw ping-pong, in memory as the runtime's
-    tiles are (:func:`taskgraph.memory.empty_many`: huge pages from 1 MiB), touched as
+    tiles are (:func:`taskgraph.dsl.memory.empty_many`: huge pages from 1 MiB), touched as
     the tiles are: no page faults in the timed loops."""
     out = tuple(memory.empty_many([(n,)], np.float64)[0] for _ in range(2))
     for a in out:
@@ -332,7 +333,7 @@ def targets(results: list[dict]) -> dict:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     sizes = QUICK if quick else FULL
     env = job_env()

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from taskgraph import config
-from taskgraph.machine import describe
+from taskgraph.core import config
+from taskgraph.core.machine import describe
 
 _machine: dict | None = None
 

@@ -43,8 +43,8 @@ from benchmarks.comm import (
     short_of,
 )
 from benchmarks.common import emit, job_env
-from taskgraph import config
-from taskgraph.graph import INITIAL
+from taskgraph.core import config
+from taskgraph.dsl.tasks import INITIAL
 
 
 def us(values: list[float]) -> float:
@@ -125,7 +125,7 @@ def child(out: str, sizes: list[int], hops: int) -> None:
 
 
 def run(quick: bool = False, sizes=(8, 4096, 1 << 20), hops: int = 1000) -> list[dict]:
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     env = job_env()
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,7 @@
     python -m benchmarks.loopback [--quick]     # starts 2-rank jobs of its own
 
 A local job that taskgraph starts runs UCX on shared memory only (``UCX_TLS=self,sm``,
-:func:`taskgraph.launch.local_env`), so no rank listens on the machine's address. This
+:func:`taskgraph.cluster.launch.local_env`), so no rank listens on the machine's address. This
 suite runs a raw mpi4py ping-pong (8 B and 1 MiB, steady state, best of 5 repeats)
 in 2-rank jobs alternating between that setting and UCX's default (``UCX_TLS=all``),
 several jobs of each, and reports each setting's median one-way time per size and
@@ -36,7 +36,7 @@ def child(trips_small: int, trips_large: int) -> None:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     jobs = 2 if quick else 5
     trips = ("2000", "200") if quick else ("10000", "1000")

@@ -34,7 +34,7 @@ import time
 
 import taskgraph as tg
 from benchmarks.common import emit, job_env, machine, oversubscribed
-from taskgraph import config
+from taskgraph.core import config
 
 SHAPES = ("independent", "chain", "tree")
 FULL, QUICK = (20_000, 50_000, 100_000), (20_000,)
@@ -194,7 +194,7 @@ def ranks_child(sizes: list[int]) -> None:
 
 def two_ranks(sizes: list[int]) -> dict[tuple[str, int], dict]:
     """Start the 2-rank job and collect its figures by (shape, n)."""
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     env = job_env()
     argv = ["-m", "benchmarks.overhead", "--child", *map(str, sizes)]

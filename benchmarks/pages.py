@@ -8,7 +8,7 @@ buffers, as the comm suite's baseline) of 256 KiB to 16 MiB, with the buffers
 - ``numpy``: ``np.ones`` arrays, as a user's own code has them (NumPy advises huge
   pages from 4 MiB, and only an array's 2 MiB-aligned stretches can get them);
 - ``small_pages``: the same with NumPy's advice turned off (4 KiB pages only);
-- ``huge_pages``: carved from :func:`taskgraph.memory.huge_block` (2 MiB-aligned,
+- ``huge_pages``: carved from :func:`taskgraph.dsl.memory.huge_block` (2 MiB-aligned,
   advised), as the runtime's tiles and receive buffers are.
 
 One-way µs per message (the steady-state difference of a long and a quarter-length
@@ -31,7 +31,7 @@ import numpy as np
 
 from benchmarks.comm import best_step, raw_loop, short_of
 from benchmarks.common import emit, job_env
-from taskgraph import memory
+from taskgraph.dsl import memory
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (256 * KiB, MiB, 4 * MiB, 16 * MiB)
@@ -94,7 +94,7 @@ def child(out: str, sizes: list[int], repeats: int) -> None:
 
 
 def run(quick: bool = False) -> list[dict]:
-    from taskgraph.launch import run_ranks
+    from taskgraph.cluster.launch import run_ranks
 
     sizes = (MiB, 16 * MiB) if quick else SIZES
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@
 One thread (BLAS held to 1, as a worker runs them), tiles of 256, 512 and 1024
 (``--quick``: 512), float64, operands copied fresh before each call (so they sit in
 cache, as the best case of a tile that was just written), best of 20 calls. The
-baseline is :func:`taskgraph.machine.gemm_peak` on 1 thread in the same run; the
+baseline is :func:`taskgraph.core.machine.gemm_peak` on 1 thread in the same run; the
 ratio says how far each kernel is from it, and so what a tiled Cholesky can reach
 when its flops are mostly ``gemm`` and its critical path is ``potrf`` -> ``trsm`` ->
 ``syrk``.
@@ -19,7 +19,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from benchmarks.common import emit, quick_main
-from taskgraph.machine import gemm_peak
+from taskgraph.core.machine import gemm_peak
 
 
 def best_seconds(fn, operands: list[np.ndarray], repeats: int = 20) -> float:

@@ -14,9 +14,9 @@ import json
 import sys
 
 import taskgraph as tg
-from taskgraph import config
+from taskgraph.core import config
+from taskgraph.core.machine import describe
 from taskgraph.linalg import cholesky, cholesky_flops
-from taskgraph.machine import describe
 
 
 def main(argv=None) -> None:
@@ -27,7 +27,7 @@ def main(argv=None) -> None:
     p.add_argument("--ranks", type=int, default=2, help="when starting the job itself")
     args = p.parse_args(argv)
     if not config.use_mpi() and args.ranks > 1:
-        from taskgraph.launch import run_ranks
+        from taskgraph.cluster.launch import run_ranks
 
         sys.exit(run_ranks(args.ranks, [__file__, *sys.argv[1:]], timeout=1800).returncode)
     cluster = tg.Cluster()

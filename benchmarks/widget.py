@@ -16,8 +16,8 @@ import json
 import time
 
 import taskgraph as tg
-from taskgraph.machine import describe
-from taskgraph.widgets import RunView
+from taskgraph.core.machine import describe
+from taskgraph.trace.widgets import RunView
 
 
 class Measured(RunView):

@@ -14,8 +14,8 @@ import numpy as np
 from taskgraph.kernels import gemm, potrf, syrk, trsm
 
 import taskgraph as tg
+from taskgraph.dsl.tiled import spd_dense
 from taskgraph.linalg import cholesky_residual
-from taskgraph.tiled import spd_dense
 
 p = argparse.ArgumentParser()
 p.add_argument("--n", type=int, default=2048)

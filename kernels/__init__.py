@@ -1,6 +1,6 @@
 """Built-in tile kernels: the four kernels of a lower tiled Cholesky factorisation.
 
-Each public name is a :class:`taskgraph.kernel.Kernel`: called on NumPy tiles it runs
+Each public name is a :class:`taskgraph.dsl.kernel.Kernel`: called on NumPy tiles it runs
 at once; called on tile accesses inside ``with tg.Graph():`` it records a task. The
 numerics live in :mod:`.cholesky` (jitted inner functions calling SciPy's BLAS and
 LAPACK without the GIL, behind validating wrappers); this module only declares them,
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from taskgraph.kernel import Kernel
+from taskgraph.dsl.kernel import Kernel
 
 from . import cholesky
 

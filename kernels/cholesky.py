@@ -10,7 +10,7 @@ Each operation comes in three tiers:
    runs the same code in plain Python (slowly), which the tests use.
 2. **Plain-Python wrappers** (:func:`potrf`, :func:`trsm`, :func:`syrk`,
    :func:`gemm`) that validate the tiles, raise clear errors and carry the docs.
-3. The declared :class:`taskgraph.kernel.Kernel` objects, in ``taskgraph.kernels``.
+3. The declared :class:`taskgraph.dsl.kernel.Kernel` objects, in ``taskgraph.kernels``.
 
 Tiles are column-major 2-D arrays, whole (F-contiguous) or strided views of a larger
 Fortran array whose leading dimension is ``strides[1] // itemsize``.
@@ -33,7 +33,7 @@ import numpy as np
 from numba import types
 from numba.extending import register_jitable
 
-from taskgraph.errors import NotPositiveDefiniteError
+from taskgraph.core.errors import NotPositiveDefiniteError
 
 from . import _lapack
 
@@ -251,7 +251,7 @@ def potrf(a: np.ndarray) -> None:
 
     Only the lower triangle of ``a`` is read and written (LAPACK ?potrf, uplo='L');
     the strict upper triangle is left untouched. Raises
-    :class:`~taskgraph.errors.NotPositiveDefiniteError` (with the order of the
+    :class:`~taskgraph.core.errors.NotPositiveDefiniteError` (with the order of the
     failing leading minor) if ``a`` is not positive definite; ``a`` then holds a
     partial factorisation.
     """

@@ -21,7 +21,7 @@ from the neighbour tiles, which is what becomes messages between ranks::
 Three tiers, as in :mod:`.cholesky`: jitted inner functions (``nogil``; the triangular
 solves and the product call SciPy's BLAS by address, the LU and the stencil are
 plain loops, since exercise tiles are small), validating wrappers, and the declared
-:class:`~taskgraph.kernel.Kernel` objects. Each inner function is compiled for one
+:class:`~taskgraph.dsl.kernel.Kernel` objects. Each inner function is compiled for one
 signature per dtype (layout ``'A'``, read-only inputs), once, by :func:`compile_op`.
 """
 
@@ -34,7 +34,7 @@ import numba
 import numpy as np
 from numba import types
 
-from taskgraph.kernel import Kernel
+from taskgraph.dsl.kernel import Kernel
 
 from . import _lapack
 from .cholesky import _ld, _shape

@@ -37,7 +37,7 @@ def setup(sizes: str, imports: str = "", config: str = "quick"):
         import taskgraph as tg
         """
     ).strip()
-    head += f"\nfrom taskgraph.config import {config}"
+    head += f"\nfrom taskgraph.core.config import {config}"
     imports = dedent(imports).strip()
     quick = "QUICK = quick()  # TASKGRAPH_QUICK=1: small sizes (the tests run every notebook so)"
     return code(
@@ -182,7 +182,7 @@ QUICKSTART = [
     code(
         """
         from taskgraph.linalg import cholesky_residual
-        from taskgraph.tiled import spd_dense
+        from taskgraph.dsl.tiled import spd_dense
 
         L = np.tril(A.gather())
         residual = cholesky_residual(spd_dense(N, TILE), L)
@@ -224,7 +224,7 @@ CHOLESKY = [
         config="cores, quick",
         imports="""
         from taskgraph.linalg import cholesky, cholesky_flops, cholesky_residual
-        from taskgraph.tiled import spd_dense
+        from taskgraph.dsl.tiled import spd_dense
         """,
         sizes="""
         N, TILE = (512, 128) if QUICK else (8192, 512)

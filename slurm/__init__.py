@@ -1,4 +1,4 @@
 """SLURM job templates and a JupyterHub example, installed as ``taskgraph.slurm``.
 
-The files here are data (see README.md); ``taskgraph.sbatch`` fills the templates.
+The files here are data (see README.md); ``taskgraph.batch.sbatch`` fills the templates.
 """

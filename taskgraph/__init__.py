@@ -12,9 +12,8 @@ tg.Cluster().run(g).wait()
 """
 
 from . import teach
-from .access import Access, Mode
 from .cluster import Cluster, JobCluster, Run, compile_kernels, current_cluster
-from .errors import (
+from .core.errors import (
     GraphError,
     NotPositiveDefiniteError,
     PlanError,
@@ -23,11 +22,13 @@ from .errors import (
     TaskError,
     TaskgraphError,
 )
-from .graph import Future, Graph, TaskRef, task
-from .kernel import Kernel, kernel
-from .plan import Plan, RankPlan, make_plan
-from .tiled import Tile, TiledMatrix
-from .trace import Trace, TraceError
+from .dsl.access import Access, Mode
+from .dsl.graph import Graph, task
+from .dsl.kernel import Kernel, kernel
+from .dsl.tasks import Future, TaskRef
+from .dsl.tiled import Tile, TiledMatrix
+from .plan.planner import Plan, RankPlan, make_plan
+from .trace.events import Trace, TraceError
 
 __version__ = "0.1.0"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph import Graph
-from .tiled import TiledMatrix
+from .dsl.graph import Graph
+from .dsl.tiled import TiledMatrix
 
 
 def cholesky(A: TiledMatrix, name: str = "cholesky") -> Graph:

@@ -39,9 +39,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import config
-from .errors import GraphError, TaskgraphError
-from .graph import Graph, Ref
+from .cluster.job import current_cluster
+from .core import config
+from .core.errors import GraphError, TaskgraphError
+from .dsl.graph import Graph
+from .dsl.tasks import Ref
+from .dsl.tiled import TiledMatrix
 
 __all__ = [
     "ExerciseError",
@@ -228,8 +231,6 @@ def check_lu(
     None), builds and runs the student's graph, and compares graph and numbers with
     :func:`reference_lu` and :func:`lu_nopiv_numpy`.
     """
-    from .tiled import TiledMatrix
-
     _check_callable(lu, "lu")
     n, tile = _sizes(n, tile, quick=(64, 16), full=(192, 32))
     cluster = _cluster(cluster)
@@ -264,8 +265,6 @@ def check_jacobi(
     around); ``TASKGRAPH_QUICK=1``: 64 x 64 in tiles of 16, 4 steps; else 128 x 128
     in tiles of 32, 6 steps.
     """
-    from .tiled import TiledMatrix
-
     _check_callable(jacobi, "jacobi")
     n, tile = _sizes(n, tile, quick=(64, 16), full=(128, 32))
     steps = steps if steps is not None else (4 if config.quick() else 6)
@@ -302,8 +301,6 @@ def _sizes(n, tile, *, quick, full) -> tuple[int, int]:
 
 
 def _cluster(cluster):
-    from .cluster import current_cluster
-
     return cluster if cluster is not None else current_cluster()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from taskgraph.launch import python_command, run_ranks
+from taskgraph.cluster.launch import python_command, run_ranks
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -91,7 +91,7 @@ def run_cli():
         job_env = _clean_env(**{key: value})
         job_env.update(env or {})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "taskgraph.cli", *args],
+            [sys.executable, "-m", "taskgraph.batch.cli", *args],
             cwd=ROOT,
             env=job_env,
             stdout=subprocess.PIPE,

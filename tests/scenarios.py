@@ -22,9 +22,9 @@ import traceback
 import numpy as np
 
 import taskgraph as tg
-from taskgraph import affinity
+from taskgraph.core import affinity
+from taskgraph.dsl.tiled import spd_dense
 from taskgraph.linalg import cholesky, cholesky_residual
-from taskgraph.tiled import spd_dense
 
 SCENARIOS = {}
 
@@ -362,7 +362,7 @@ def tiles_move_as_buffers_on_the_runs_own_communicator():
     """No tile goes through pickle, and the run's messages never meet the world's:
     stray messages on COMM_WORLD with the run's tags (and the abort tag) are neither
     taken nor disturbed by the run."""
-    import taskgraph.comm as commlib
+    import taskgraph.run.comm as commlib
 
     c = cluster()
     world = c.world.comm
@@ -721,7 +721,7 @@ def cancel_of_a_task_that_never_returns_stops_the_run():
     """A cancel (twice, and again from another thread while the run ends) stops a run
     whose task never returns: RunError naming the task still running, on every rank,
     within the grace and a few seconds; the next run works."""
-    from taskgraph.executor import STOP_GRACE
+    from taskgraph.run.executor import STOP_GRACE
 
     c = cluster()
     bad = c.size - 1

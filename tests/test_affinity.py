@@ -1,4 +1,4 @@
-"""``taskgraph.affinity``: which CPUs a rank keeps, and ranks that bind themselves."""
+"""``taskgraph.core.affinity``: which CPUs a rank keeps, and ranks that bind themselves."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from taskgraph import affinity
-from taskgraph.affinity import cpu_quota, parse_cfs, parse_cpu_max, share, topology_key
+from taskgraph.core import affinity
+from taskgraph.core.affinity import cpu_quota, parse_cfs, parse_cpu_max, share, topology_key
 
 ALL4 = frozenset({0, 1, 2, 3})
 
@@ -92,7 +92,8 @@ t = threading.Thread(target=idle, daemon=True)
 t.start()
 started.wait()
 import taskgraph as tg
-from taskgraph import affinity, config
+from taskgraph.core import affinity
+from taskgraph.core import config
 
 c = tg.Cluster()
 with affinity.whole_node():

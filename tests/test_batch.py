@@ -180,7 +180,7 @@ def test_taskgraph_run_ends_the_job_when_a_rank_calls_sys_exit(run_cli, tmp_path
 
 
 def test_the_abort_hook_prints_then_aborts_even_if_printing_fails():
-    from taskgraph.comm import abort_hook
+    from taskgraph.run.comm import abort_hook
 
     calls = []
 

@@ -19,8 +19,8 @@ import pytest
 from conftest import ROOT, assert_none_left, processes_with
 
 import taskgraph as tg
+from taskgraph.dsl.tiled import spd_dense
 from taskgraph.linalg import cholesky, cholesky_residual
-from taskgraph.tiled import spd_dense
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 
@@ -82,7 +82,7 @@ def test_engines_are_the_ranks_of_one_mpi_world(cluster):
 def test_engines_move_large_messages_in_one_copy_where_allowed(cluster):
     """Engines start MPI themselves (under ipyparallel's mpiexec launcher): each turns on
     MPICH's single-copy transfers before it does, as a batch rank does."""
-    from taskgraph.comm import can_read_memory, yama_scope
+    from taskgraph.run.comm import can_read_memory, yama_scope
 
     allowed = yama_scope() in (None, "0") and can_read_memory()
     assert [info["single_copy"] for info in cluster.infos] == [allowed, allowed]
@@ -133,7 +133,7 @@ def test_a_freed_matrix_is_dropped_by_the_engines_with_the_next_run(cluster):
 
     def held() -> list[int]:
         view = cluster.client[cluster.engine_ids[0]]
-        view.execute("from taskgraph import engine_side; held = list(engine_side.MATRICES)")
+        view.execute("from taskgraph.cluster import engine_side; held = list(engine_side.MATRICES)")
         return view.pull("held", block=True)
 
     A = tg.TiledMatrix.zeros((4, 4), 2, cluster=cluster)
@@ -329,7 +329,7 @@ def test_attach_to_nothing_is_a_clear_error(tmp_path):
 def _ipp_cluster(engines: str, n: int = 2):
     import ipyparallel as ipp
 
-    from taskgraph import config
+    from taskgraph.core import config
 
     c = ipp.Cluster(
         n=n,
@@ -378,7 +378,7 @@ def test_the_notebook_code_runs_in_batch(mpirun, tmp_path):
     script.write_text(
         "import taskgraph as tg\n"
         "from taskgraph.linalg import cholesky, cholesky_residual\n"
-        "from taskgraph.tiled import spd_dense\n"
+        "from taskgraph.dsl.tiled import spd_dense\n"
         "cluster = tg.Cluster(n=2)  # in batch: the job's own ranks\n"
         "A = tg.TiledMatrix.random_spd(512, 128, cluster=cluster)\n"
         "run = cluster.run(cholesky(A))\n"

@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT, _clean_env, assert_none_left
 
 import taskgraph as tg
-from taskgraph import watchdog
+from taskgraph.cluster import watchdog
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 

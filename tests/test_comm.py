@@ -1,4 +1,4 @@
-"""``taskgraph.comm``: how a poller backs off, and when large messages move in one copy."""
+"""``taskgraph.run.comm``: how a poller backs off, and when large messages move in one copy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from taskgraph.comm import (
+from taskgraph.run.comm import (
     CMA_VARS,
     FIRST_SLEEP,
     LONG_SLEEP,

@@ -14,13 +14,13 @@ import pytest
 from conftest import _clean_env, assert_none_left
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from taskgraph import convert
-from taskgraph.convert import ConversionError, Converter
+from taskgraph.batch import convert, nbshim
+from taskgraph.batch.convert import ConversionError, Converter
 
 CHOLESKY_CELLS = [
     "%load_ext autoreload\nimport numpy as np\nimport taskgraph as tg\n"
     "from taskgraph.linalg import cholesky, cholesky_residual\n"
-    "from taskgraph.tiled import spd_dense",
+    "from taskgraph.dsl.tiled import spd_dense",
     "cluster = tg.Cluster(n=2)  # two engines\ncluster",
     "A = tg.TiledMatrix.random_spd(256, tile=64, cluster=cluster)\ng = cholesky(A)",
     "%time run = cluster.run(g); run.wait()",
@@ -135,13 +135,13 @@ def test_display_prints_as_ipython_and_skips_none_and_views(capsys):
     class TextView:  # the batch view of a run
         pass
 
-    convert.display(None, {"b": 1, "a": [1, 2]}, "s", TextView())
+    nbshim.display(None, {"b": 1, "a": [1, 2]}, "s", TextView())
     assert capsys.readouterr().out == "{'b': 1, 'a': [1, 2]}\n's'\n"
 
 
 def test_timed_prints_times_before_the_value(capsys):
-    with convert.timed("time"):
-        convert.display(42)
+    with nbshim.timed("time"):
+        nbshim.display(42)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("CPU times: user ") and out[1].startswith("Wall time: ")
     assert out[2] == "42"
@@ -149,9 +149,9 @@ def test_timed_prints_times_before_the_value(capsys):
 
 def test_system_expands_names_and_getoutput_returns_lines(capfd):
     d = "hello"  # noqa: F841 - expanded from the caller's namespace
-    assert convert.system("echo $d {1 + 1}") == 0
+    assert nbshim.system("echo $d {1 + 1}") == 0
     assert capfd.readouterr().out == "hello 2\n"
-    assert convert.getoutput("printf 'a\\nb\\n'") == ["a", "b"]
+    assert nbshim.getoutput("printf 'a\\nb\\n'") == ["a", "b"]
 
 
 # -- bad input ------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskgraph.demo import fraction_of_peak, report
+from taskgraph.batch.demo import fraction_of_peak, report
 
 
 def test_a_run_faster_than_the_measured_peak_is_capped_and_flagged():

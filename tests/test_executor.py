@@ -89,7 +89,7 @@ def test_a_run_freezes_the_collector_and_thaws_it_after():
 
 @pytest.mark.parametrize("done", [[1], [0, 2], [3, 0], [0, 1, 2, 3]])
 def test_completed_requests_leave_both_lists_in_step(done):
-    from taskgraph.executor import _take
+    from taskgraph.run.executor import _take
 
     handles, entries = ["h0", "h1", "h2", "h3"], ["e0", "e1", "e2", "e3"]
     same = (handles, entries)
@@ -103,7 +103,7 @@ def test_completed_requests_leave_both_lists_in_step(done):
 def test_the_buffer_pool_hands_a_buffer_out_again_only_for_its_shape_and_dtype():
     import numpy as np
 
-    from taskgraph.executor import BufferPool
+    from taskgraph.run.executor import BufferPool
 
     pool = BufferPool()
     a = pool.get((4, 4), "<f8")
@@ -207,7 +207,7 @@ def test_two_workers_share_short_kernels_only_where_they_run_without_the_gil(nog
     kernels' limit and a quarter of ``PARK`` (a task that old is helped with); the
     other limit raised to 5 ms, so that neither is near a task."""
     import taskgraph as tg
-    from taskgraph import executor
+    from taskgraph.run import executor
 
     monkeypatch.setattr(executor, "SHORT_TASK", 5e-3)
     spin, steps = spin_kernel(2.5e6 * executor.SHORT_KERNEL)
@@ -232,7 +232,7 @@ def test_the_short_task_limit_is_lower_only_when_every_task_runs_without_the_gil
     from taskgraph.kernels import CHOLESKY_KERNELS
 
     import taskgraph as tg
-    from taskgraph.executor import SHORT_KERNEL, SHORT_TASK, short_task_limit
+    from taskgraph.run.executor import SHORT_KERNEL, SHORT_TASK, short_task_limit
 
     jitted = tg.kernel(numba.njit(nogil=True)(lambda x: None), modes="rw")
     held = tg.kernel(numba.njit(lambda x: None), modes="rw")  # compiled, GIL kept
@@ -253,8 +253,8 @@ def test_the_short_task_limit_is_lower_only_when_every_task_runs_without_the_gil
 
 
 def test_a_receive_hands_its_task_straight_to_the_polling_worker_only_when_it_is_the_last_wait():
-    from taskgraph.executor import READY, WAITING, direct_task
     from taskgraph.plan import Message
+    from taskgraph.run.executor import READY, WAITING, direct_task
 
     def msg(kind="tile", consumers=(7,)):
         return Message(src=1, dst=0, kind=kind, data=3, producer=2, consumers=list(consumers))
@@ -336,7 +336,7 @@ def test_a_task_stuck_in_a_c_call_is_abandoned_and_the_next_run_works():
     import time
 
     import taskgraph as tg
-    from taskgraph.executor import STOP_GRACE
+    from taskgraph.run.executor import STOP_GRACE
 
     release = threading.Event()
     kern = _stuck_in_c(release)
@@ -376,8 +376,8 @@ def test_a_run_level_timeout_applies_to_tasks_without_their_own():
     import time
 
     import taskgraph as tg
-    from taskgraph import comm
-    from taskgraph.executor import Executor, timeouts_by_function
+    from taskgraph.run import comm
+    from taskgraph.run.executor import Executor, timeouts_by_function
 
     @tg.task
     def slow():
@@ -411,8 +411,8 @@ def test_cancel_any_number_of_times_from_any_thread_during_and_after_a_run():
     import time
 
     import taskgraph as tg
-    from taskgraph import comm
-    from taskgraph.executor import Executor
+    from taskgraph.run import comm
+    from taskgraph.run.executor import Executor
 
     @tg.kernel(modes="rw", dims="mn")
     def nap(t):

@@ -1,4 +1,4 @@
-"""Graph fingerprints (taskgraph.fingerprint): equal for equal graphs in any process,
+"""Graph fingerprints (taskgraph.dsl.fingerprint): equal for equal graphs in any process,
 different when a task, its function, data, edges or arguments differ, and the first
 differing task named on every rank. The cross-rank check runs over threads (an
 allgather made of a barrier) and over mpiexec with mpi4py's allgather (this file is
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import taskgraph as tg
-from taskgraph.fingerprint import (
+from taskgraph.dsl.fingerprint import (
     BLOCK,
     compare_ranks,
     describe_task,

@@ -1,4 +1,4 @@
-"""Tests of the graph DSL (taskgraph.graph): edges, versions, futures, checks.
+"""Tests of the graph DSL (taskgraph.dsl.graph): edges, versions, futures, checks.
 
 Every graph here is small and drawn in its test's docstring. No MPI: matrices are
 built for a fake one-rank cluster, and nothing runs.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import taskgraph as tg
-from taskgraph.graph import INITIAL
+from taskgraph.dsl.tasks import INITIAL
 from taskgraph.linalg import cholesky
 
 pytestmark = pytest.mark.timeout(30)

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from conftest import _clean_env, assert_none_left
 
-from taskgraph.launch import kill_group, python_command
+from taskgraph.cluster.launch import kill_group, python_command
 
 pytestmark = [pytest.mark.timeout(120)]
 

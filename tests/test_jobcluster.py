@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 PRELUDE = """
 import math, sys, time
 import taskgraph as tg
-from taskgraph.errors import GraphError, RunError, TaskError, TaskgraphError
+from taskgraph.core.errors import GraphError, RunError, TaskError, TaskgraphError
 
 @tg.task
 def square(x):

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from taskgraph.kernels import CHOLESKY_KERNELS, cholesky, compile_all, gemm, potrf, syrk, trsm
 
-from taskgraph.access import Mode
-from taskgraph.errors import NotPositiveDefiniteError
+from taskgraph.core.errors import NotPositiveDefiniteError
+from taskgraph.dsl.access import Mode
 
 pytestmark = pytest.mark.timeout(120)
 

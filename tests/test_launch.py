@@ -11,7 +11,7 @@ import uuid
 import pytest
 from conftest import _clean_env, assert_none_left, processes_with
 
-from taskgraph.launch import collect
+from taskgraph.cluster.launch import collect
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,7 +115,7 @@ def test_the_ranks_of_a_local_job_listen_on_no_external_address(tmp_path):
     other users of a login node to reach: MPI moves their data through shared memory.
     (Hydra's own control port, which the ranks inherit, is left out: it binds to
     every interface and to nothing else.)"""
-    from taskgraph.launch import job_environment, python_command
+    from taskgraph.cluster.launch import job_environment, python_command
 
     script = tmp_path / "job.py"
     script.write_text(LISTENER_JOB)

@@ -1,4 +1,4 @@
-"""``taskgraph.memory``: tiles and receive buffers carved from huge-page blocks."""
+"""``taskgraph.dsl.memory``: tiles and receive buffers carved from huge-page blocks."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import taskgraph as tg
-from taskgraph import memory
-from taskgraph.executor import BufferPool
-from taskgraph.tiled import spd_dense
+from taskgraph.dsl import memory
+from taskgraph.dsl.tiled import spd_dense
+from taskgraph.run.executor import BufferPool
 
 MiB = 1 << 20
 

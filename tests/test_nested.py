@@ -1,4 +1,4 @@
-"""Futures inside containers, and plain NumPy arrays, as task arguments (taskgraph.nested).
+"""Futures inside containers, and plain NumPy arrays, as task arguments (taskgraph.dsl.nested).
 
 Futures in a list, tuple, named tuple, dict (values), set or frozenset are
 dependencies and arrive as their values; a plain array arrives read-only, and a write

@@ -63,7 +63,7 @@ def check_output(notebook: Path, proc: subprocess.CompletedProcess) -> None:
 def test_notebook_runs_with_taskgraph_run(notebook, tmp_path):
     marker = uuid.uuid4().hex
     env = _clean_env(TASKGRAPH_TEST_JOB=marker, TASKGRAPH_QUICK="1", TMPDIR=str(tmp_path))
-    cmd = [sys.executable, "-m", "taskgraph.cli", "run", "-n", "2", str(notebook)]
+    cmd = [sys.executable, "-m", "taskgraph.batch.cli", "run", "-n", "2", str(notebook)]
     check_output(notebook, bounded(cmd, tmp_path, env, marker))
 
 
@@ -72,7 +72,7 @@ def test_notebook_runs_as_a_job_from_taskgraph_sbatch(notebook, tmp_path):
     job = tmp_path / "job.sh"
     marker = uuid.uuid4().hex
     env = slurm_env(tmp_path, marker, TASKGRAPH_QUICK="1")
-    cmd = [sys.executable, "-m", "taskgraph.cli", "sbatch", str(notebook)]
+    cmd = [sys.executable, "-m", "taskgraph.batch.cli", "sbatch", str(notebook)]
     cmd += ["--ntasks-per-node", "2", "--cpus-per-task", "1", "--time", "5:00", "-o", str(job)]
     made = bounded(cmd, ROOT, env, marker)
     assert made.returncode == 0, made.stderr

@@ -1,4 +1,4 @@
-"""Tests of placement (taskgraph.placement): rank grids, tile owners, follow the inputs.
+"""Tests of placement (taskgraph.dsl.placement): rank grids, tile owners, follow the inputs.
 
 All pure functions: numbers in, ranks out.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskgraph.placement import block_cyclic_owner, follow_inputs, grid_shape, pick_rank
+from taskgraph.dsl.placement import block_cyclic_owner, follow_inputs, grid_shape, pick_rank
 
 pytestmark = pytest.mark.timeout(30)
 

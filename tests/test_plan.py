@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import taskgraph as tg
-from taskgraph.graph import INITIAL
+from taskgraph.dsl.tasks import INITIAL
 from taskgraph.linalg import cholesky
 from taskgraph.plan import CONTROL_TAG, Message, Plan, make_plan
 

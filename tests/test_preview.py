@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import taskgraph as tg
+from taskgraph.dsl.placement import distribution_grid, random_owners
 from taskgraph.linalg import cholesky
-from taskgraph.placement import distribution_grid, random_owners
 from taskgraph.plan import make_plan
 
 pytestmark = pytest.mark.timeout(30)

@@ -14,9 +14,7 @@ import pytest
 from conftest import ROOT, _clean_env, assert_none_left
 from nbformat.v4 import new_code_cell, new_notebook
 
-from taskgraph import config
-from taskgraph.launch import launcher_flavour, mpiexec_command
-from taskgraph.sbatch import (
+from taskgraph.batch.sbatch import (
     JobOptions,
     fill,
     load_template,
@@ -26,6 +24,8 @@ from taskgraph.sbatch import (
     template_dir,
     validate,
 )
+from taskgraph.cluster.launch import launcher_flavour, mpiexec_command
+from taskgraph.core import config
 
 SLURM = ROOT / "slurm"
 
@@ -210,7 +210,7 @@ def test_templates_are_found_in_the_package(tmp_path):
 CHOLESKY_NOTEBOOK = [
     "import numpy as np\nimport taskgraph as tg\n"
     "from taskgraph.linalg import cholesky, cholesky_residual\n"
-    "from taskgraph.tiled import spd_dense",
+    "from taskgraph.dsl.tiled import spd_dense",
     "cluster = tg.Cluster(n=2)\n"
     "A = tg.TiledMatrix.random_spd(256, tile=64, cluster=cluster)\n"
     "run = cluster.run(cholesky(A))",
@@ -366,9 +366,9 @@ def test_a_notebook_attaches_to_the_engines_job(tmp_path, run_cli):
     import time
 
     import taskgraph as tg
-    from taskgraph.comm import can_read_memory, yama_scope
+    from taskgraph.dsl.tiled import spd_dense
     from taskgraph.linalg import cholesky, cholesky_residual
-    from taskgraph.tiled import spd_dense
+    from taskgraph.run.comm import can_read_memory, yama_scope
 
     job = tmp_path / "engines.sh"
     proc = run_cli(

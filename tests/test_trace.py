@@ -9,7 +9,7 @@ import pytest
 
 import taskgraph as tg
 from taskgraph.linalg import cholesky
-from taskgraph.trace import TASK_DONE, TASK_FAILED, Recorder, Trace, TraceError
+from taskgraph.trace.events import TASK_DONE, TASK_FAILED, Recorder, Trace, TraceError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -265,8 +265,8 @@ def test_compile_time_is_shown_apart_from_the_runs_elapsed_time():
 
 
 def test_a_run_traces_its_compile_time_apart():
-    from taskgraph import comm
-    from taskgraph.executor import Executor
+    from taskgraph.run import comm
+    from taskgraph.run.executor import Executor
 
     g = naps(2)
     ex = Executor(g, tg.make_plan(g, 1).for_rank(0), comm.Network(), compile_seconds=2.5)
@@ -334,7 +334,7 @@ def test_show_warns_once_where_the_trace_directory_cannot_be_written(tmp_path):
     view's thread, and the run's result is intact."""
     import io
 
-    from taskgraph.widgets import TextView
+    from taskgraph.trace.widgets import TextView
 
     blocker = tmp_path / "file"
     blocker.write_text("")

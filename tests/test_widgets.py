@@ -12,7 +12,7 @@ import pytest
 import taskgraph as tg
 from taskgraph.linalg import cholesky
 from taskgraph.trace import Trace
-from taskgraph.widgets import RunView, TextView, in_notebook
+from taskgraph.trace.widgets import RunView, TextView, in_notebook
 
 pytestmark = pytest.mark.timeout(120)
 

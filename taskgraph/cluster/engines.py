@@ -47,14 +47,15 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 
-from . import config, engine_side, watchdog
-from .cluster import Cluster
-from .comm import single_copy_env
-from .errors import RemoteTraceback, RunError, TaskError
-from .graph import Graph
+from ..core import config
+from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..dsl.graph import Graph
+from ..plan.planner import Plan, make_plan
+from ..run.comm import single_copy_env
+from ..trace.events import Trace
+from . import engine_side, watchdog
+from .base import Cluster
 from .launch import launcher_flavour, local_env
-from .plan import Plan, make_plan
-from .trace import Trace
 
 _remote_uids = itertools.count(1)
 STUCK_GRACE = 5.0  # seconds past a task's limit before its silent engine is called stuck
@@ -63,7 +64,7 @@ LOG_TAIL = 30  # lines of the engines' log quoted when they die at start
 STOP_TIMEOUT = 5.0  # seconds an orderly engine shutdown may take before they are killed
 
 
-class EngineCluster(Cluster):
+class EngineCluster(Cluster, kind="engines"):
     """ipyparallel engines under mpiexec, driven from a notebook."""
 
     remote = True
@@ -736,7 +737,7 @@ class EngineRun:
 
     def show(self, **kwargs):
         """The live widget in a notebook (a progress line elsewhere)."""
-        from .widgets import show
+        from ..trace.widgets import show
 
         return show(self, **kwargs)
 

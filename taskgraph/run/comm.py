@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from . import config
+from ..core import affinity, config
+from ..core.errors import RunError
 
 CONTROL_TAG = 0
 
@@ -386,8 +387,6 @@ class World:
     def _bind(node) -> list[int] | None:
         """This rank onto its share of the node's CPUs, if the launcher left every
         rank on all of them (:mod:`taskgraph.affinity`); the CPUs, or None."""
-        from . import affinity
-
         # every rank takes part in the allgather, whatever its own settings say: a
         # rank that skipped it would leave the others waiting
         everyone = node.allgather(affinity.current())
@@ -469,8 +468,6 @@ def share_value(world: World, holder: int, key: tuple, value, timeout: float, wh
 
 
 def _send_value(world: World, key: tuple, value, deadline: float, timeout: float, what: str):
-    from .errors import RunError
-
     comm = world.values
     assert comm is not None
     failure = None
@@ -503,8 +500,6 @@ def _send_value(world: World, key: tuple, value, deadline: float, timeout: float
 
 
 def _recv_value(world: World, holder: int, key: tuple, deadline: float, timeout: float, what):
-    from .errors import RunError
-
     comm = world.values
     assert comm is not None
     from mpi4py import MPI

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import PlanError
-from .graph import INITIAL, Graph, paused_gc
-from .placement import pick_rank
+from ..core.errors import PlanError
+from ..dsl.graph import Graph
+from ..dsl.placement import pick_rank
+from ..dsl.tasks import INITIAL, paused_gc
 
 CONTROL_TAG = 0
 

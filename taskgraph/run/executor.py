@@ -75,12 +75,14 @@ from collections import deque
 
 import numpy as np
 
+from ..core import config
+from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..dsl import memory
+from ..dsl.graph import Graph
+from ..dsl.tasks import INITIAL, Ref
+from ..plan.planner import CONTROL_TAG, Message, RankPlan
+from ..trace.events import TASK_DONE, TASK_FAILED, Recorder
 from . import comm as commlib
-from . import config, memory
-from .errors import RemoteTraceback, RunError, TaskError
-from .graph import INITIAL, Graph, Ref
-from .plan import CONTROL_TAG, Message, RankPlan
-from .trace import TASK_DONE, TASK_FAILED, Recorder
 
 POLLED_SLEEP = 4e-3  # the progress thread's longest sleep while a worker polls
 LONG_TASK = 4e6  # flops: a worker starting a longer task hands polling to that thread

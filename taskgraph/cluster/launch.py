@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from . import config
+from ..core import config
 
 
 @functools.lru_cache(maxsize=8)

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from string import Template
 
+from ..core.files import write_atomic
+
 STATIC = Path(__file__).parent / "static"
 
 PAGE = Template("""<!DOCTYPE html>
@@ -54,7 +56,5 @@ def report_html(trace) -> str:
 
 def write_report(trace, path) -> str:
     """Write the report of ``trace`` to ``path``, whole or not at all
-    (:func:`~taskgraph.trace.write_atomic`); returns ``path`` as a string."""
-    from .trace import write_atomic
-
+    (:func:`~taskgraph.core.files.write_atomic`); returns ``path`` as a string."""
     return write_atomic(path, report_html(trace))

@@ -30,10 +30,10 @@ from collections import OrderedDict
 
 import cloudpickle
 
-from .cluster import current_cluster
-from .errors import TaskgraphError
-from .graph import Graph
-from .tiled import TiledMatrix
+from ..core.errors import TaskgraphError
+from ..dsl.graph import Graph
+from ..dsl.tiled import TiledMatrix
+from .job import current_cluster
 from .watchdog import shm_files
 
 MATRICES: dict[int, TiledMatrix] = {}

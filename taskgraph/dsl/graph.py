@@ -26,130 +26,35 @@ it runs (cycles through explicit dependencies), and every error names the tasks.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.errors import GraphError
 from . import nested
 from .access import Access, Mode
-from .errors import GraphError
-from .kernel import check_timeout
+from .tasks import INITIAL, Data, Future, Ref, Task, TaskRef, check_timeout
 
 if TYPE_CHECKING:
-    from .tiled import Tile, TiledMatrix
-
-INITIAL = -1  # producer of the data as it is before the run
+    from .tiled import TiledMatrix
 
 
-class Ref:
-    """A task argument that refers to data: a tile or another task's value.
-
-    ``mode`` is a plain int (1 read, 2 write, 3 both): recording a task is a hot loop.
-    """
-
-    __slots__ = ("data", "mode")
-
-    def __init__(self, data: int, mode: int):
-        self.data = data
-        self.mode = mode
+def _no_previewer(graph: Graph, ranks: int | None):
+    raise RuntimeError("no planner: import taskgraph (its plan layer previews graphs)")
 
 
-@dataclass(slots=True)
-class Data:
-    """One piece of data a graph touches: a tile of a matrix, or a task's value."""
-
-    key: tuple | None  # (matrix, i, j) for tiles; None for values
-    tile: Tile | None = None  # the Tile, for tiles
-    producer: int = INITIAL  # the task, for values
-
-    @property
-    def is_tile(self) -> bool:
-        return self.tile is not None
-
-    @property
-    def the_tile(self) -> Tile:
-        """The tile (for data known to be one)."""
-        if self.tile is None:
-            raise TypeError(f"{self.label()} is not a tile")
-        return self.tile
-
-    @property
-    def nbytes(self) -> int:
-        if self.tile is None:
-            return 64  # values are small unless proven otherwise
-        r, c = self.tile.shape
-        return r * c * self.tile.dtype.itemsize
-
-    def label(self) -> str:
-        return repr(self.tile) if self.tile is not None else f"value of task {self.producer}"
+# The plan layer, above this one, installs its preview (use_previewer): graphs never import it
+_previewer: Callable = _no_previewer
 
 
-@contextlib.contextmanager
-def paused_gc():
-    """Pause the cyclic garbage collector while making many acyclic objects."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-class Task:
-    """One call: a function, its arguments, and the versions of data it reads and writes."""
-
-    __slots__ = ("id", "fn", "args", "kwargs", "reads", "writes", "preds", "cost")
-
-    def __init__(self, tid, fn, args, kwargs, reads, writes, preds, cost=1.0):
-        self.id = tid
-        self.cost = cost  # flops (kernels) or the declared cost; shared float objects
-        self.fn = fn
-        self.args = args  # Ref for data, anything else is a constant
-        self.kwargs = kwargs
-        self.reads = reads  # ((data, producer), ...): versions read
-        self.writes = writes  # ((data, previous producer), ...): versions overwritten
-        self.preds = preds  # task ids this task waits for
-
-    @property
-    def name(self) -> str:
-        return str(getattr(self.fn, "name", None) or getattr(self.fn, "__name__", "task"))
-
-
-class TaskRef:
-    """What a kernel call inside a graph returns: a handle on the recorded task
-    ``tid`` of ``graph``, for :meth:`Graph.add_dependency` (it has no value)."""
-
-    __slots__ = ("graph", "id")
-
-    def __init__(self, graph: Graph, tid: int):
-        self.graph = graph
-        self.id = tid
-
-    def __repr__(self) -> str:
-        return f"<task {self.id}: {self.graph.label(self.id)}>"
-
-
-class Future(TaskRef):
-    """The value of a ``@tg.task`` call (task ``tid`` of ``graph``), available after
-    the run. Pass it to other calls, alone or inside lists, tuples, dicts and sets,
-    to make them depend on it."""
-
-    __slots__ = ()
-
-    def result(self):
-        """The task's value (after a run of its graph); GraphError before."""
-        return self.graph.result(self.id)
-
-    def done(self) -> bool:
-        """Whether the value is here (the graph ran, or it was fetched)."""
-        return self.id in self.graph.results
+def use_previewer(preview: Callable) -> None:
+    """Install ``preview(graph, ranks)``, what :meth:`Graph.preview` returns."""
+    global _previewer
+    _previewer = preview
 
 
 class TaskFunction:
@@ -717,11 +622,9 @@ class Graph:
         """What this graph would do on ``ranks`` ranks, from the plan alone.
 
         Tasks and flops per rank, messages and bytes per rank pair, and (in a notebook)
-        the DAG coloured by rank. See :mod:`taskgraph.preview`.
+        the DAG coloured by rank. See :mod:`taskgraph.plan.preview`.
         """
-        from .preview import preview
-
-        return preview(self, ranks)
+        return _previewer(self, ranks)
 
     def to_networkx(self):
         """A ``networkx.DiGraph``: nodes are task ids with ``name``, ``label``, ``cost``."""

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .placement import block_cyclic_owner, distribution_grid, random_owners
+from ..dsl.graph import use_previewer
+from ..dsl.placement import block_cyclic_owner, distribution_grid, random_owners
+from .planner import make_plan
 
 # one colour per rank (cycled), readable on white
 RANK_COLOURS = (
@@ -206,8 +208,6 @@ def layer_of(graph) -> list[int]:
 def preview(graph, ranks: int | None = None) -> Preview:
     """Plan ``graph`` on ``ranks`` ranks (default: its matrices' rank count) and
     report the predicted placement and traffic."""
-    from .plan import make_plan
-
     mats = graph.matrices()
     if ranks is None:
         ranks = mats[0].nranks if mats else 1
@@ -234,3 +234,6 @@ def _mib(n: int) -> str:
     if n < 1024**2:
         return f"{n / 1024:.1f} KiB"
     return f"{n / 1024**2:.1f} MiB"
+
+
+use_previewer(preview)  # g.preview() (the graph layer cannot import this one)

@@ -33,6 +33,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .convert import ConversionError, check_ranks, convert_notebook
+
 PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 # SLURM --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
 _TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
@@ -246,8 +248,6 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
     if not target.is_file():
         raise ValueError(f"{target}: no such file; check the path")
     if target.suffix == ".ipynb":
-        from .convert import convert_notebook
-
         where = Path(args.output).resolve().parent if args.output else Path.cwd()
         script = where / f"{target.stem}_batch.py"
         text, notes = convert_notebook(target, script.name)
@@ -266,8 +266,6 @@ def check_script(python: str, o: JobOptions, where: str) -> list[str]:
     """What can be checked before the job waits in the queue: the script compiles,
     and no cluster asks for more ranks than the job has (ConversionError, a
     ValueError, if so); notes on what cannot be checked here."""
-    from .convert import ConversionError, check_ranks
-
     notes = check_ranks(python, o.nodes * o.ntasks_per_node, where)
     try:
         compile(python, where, "exec")

@@ -118,7 +118,7 @@ class Guard:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "taskgraph.watchdog"],
+            [sys.executable, "-m", "taskgraph.cluster.watchdog"],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -21,7 +21,6 @@ accesses inside ``with tg.Graph():``, it records a task.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import textwrap
 import time
@@ -29,9 +28,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..core.errors import GraphError
 from .access import Access, Mode, parse_modes
-from .errors import GraphError
+from .graph import Graph
 from .nested import describe
+from .tasks import check_timeout
 
 
 class Kernel:
@@ -85,11 +86,11 @@ class Kernel:
 
     def __call__(self, *args):
         if args and args[0].__class__ is Access:  # the common case when recording
-            return _graph().current(self.name).add_kernel_task(self, args)
+            return Graph.current(self.name).add_kernel_task(self, args)
         for a in args:
             if isinstance(a, Access) or hasattr(a, "matrix"):
-                return _graph().current(self.name).add_kernel_task(self, args)
-        if _graph().active() is not None:
+                return Graph.current(self.name).add_kernel_task(self, args)
+        if Graph.active() is not None:
             self._refuse_in_graph(args)
         return self.fn(*args)
 
@@ -163,16 +164,6 @@ def releases_gil(fn: Callable) -> bool:
         and bool(options.get("nogil", False))
         and not options.get("forceobj", False)
     )
-
-
-def check_timeout(timeout: float | None, what: str) -> float | None:
-    """``timeout`` as float seconds (None stays None); ValueError naming ``what``
-    (``"task f"``) unless it is a positive number."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise ValueError(f"{what}: timeout must be a positive number of seconds, not {timeout!r}")
-    return float(timeout)
 
 
 def _check_dims(name: str, dims: Sequence[str], shapes: Sequence[tuple]) -> str:
@@ -252,11 +243,3 @@ timeout:
 # one text for both: ``tg.kernel?`` and ``tg.Kernel?`` show the same parameters
 Kernel.__doc__ = (Kernel.__doc__ or "").rstrip() + "\n" + textwrap.indent(_PARAMETERS, "    ")
 kernel.__doc__ = (kernel.__doc__ or "").rstrip() + "\n" + textwrap.indent(_PARAMETERS, "    ")
-
-
-@functools.cache
-def _graph():
-    """The Graph class (the graph module records tasks; kernels only declare them)."""
-    from .graph import Graph
-
-    return Graph

@@ -32,107 +32,22 @@ hanging.
 
 from __future__ import annotations
 
-import inspect
 import sys
-from typing import Any
 
-from . import config
-from .comm import World, world
-from .errors import RunError
-from .executor import BufferPool
-from .graph import Graph
+from ..core import config
+from ..core.errors import RunError
+from ..dsl.graph import Graph
+from ..dsl.tiled import use_clusters
+from ..plan.planner import Plan
+from ..run.comm import World, world
+from ..run.executor import BufferPool
+from .base import Cluster
 from .jobrun import IdleRun, Run, compile_kernels, last_run
-from .plan import Plan
 
 FETCH_TIMEOUT = 120.0  # seconds a rank waits for another's value in future.result()
 
 
-def _signature(
-    n: int | None = None,
-    *,
-    workers: int | None = None,
-    blas_threads: int | None = None,
-    timeout: float = 120,
-) -> None:
-    """The parameters every kind of cluster takes (shown by ``tg.Cluster?``)."""
-
-
-class Cluster:
-    """Where graphs run: ``tg.Cluster(n=4)``.
-
-    In a notebook (no MPI launcher), ``Cluster(n)`` starts a local ipyparallel
-    controller and ``n`` engines under mpiexec, one per MPI rank
-    (:class:`~taskgraph.engines.EngineCluster`). In a batch job (``mpiexec``,
-    ``srun``, ``taskgraph run``) it is the job's own ranks
-    (:class:`JobCluster`): ``Cluster()`` or ``Cluster(n=N)`` all N of them, ``Cluster(n)``
-    with n < N the first n, and n > N is an error. ``Cluster()`` without MPI is one
-    rank in this process. ``Cluster.attach(...)`` connects to engines started
-    elsewhere (a SLURM job, ``ipcluster start --engines=mpi``).
-
-    Parameters
-    ----------
-    n : ranks (engines); None: the job's ranks (one rank outside a job).
-    workers : worker threads per rank (default: the cores of a rank's share).
-    blas_threads : BLAS threads per worker (default 1).
-    timeout : seconds to wait for engines to start (a notebook's cluster only).
-
-    Use it as a context manager, or call :meth:`close`, to stop what it started.
-    """
-
-    rank: int | None
-    size: int
-    __signature__: Any = inspect.signature(_signature).replace(
-        return_annotation=inspect.Signature.empty
-    )
-
-    def __new__(cls, n: int | None = None, **kwargs):
-        if cls is Cluster:
-            if n is None or config.use_mpi():
-                cls = JobCluster
-            else:
-                from .engines import EngineCluster
-
-                cls = EngineCluster
-        return super().__new__(cls)
-
-    @classmethod
-    def attach(cls, *args, **kwargs):
-        """Connect to running engines; see :meth:`taskgraph.engines.EngineCluster.attach`."""
-        from .engines import EngineCluster
-
-        return EngineCluster.attach(*args, **kwargs)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop whatever this cluster started."""
-
-    def run(
-        self,
-        graph: Graph,
-        *,
-        workers: int | None = None,
-        blas_threads: int | None = None,
-        plan: Plan | None = None,
-        trace: bool = True,
-        task_timeout: float | None = None,
-    ):
-        """Plan ``graph`` and start running it; returns a run handle at once.
-
-        ``trace=False`` records no events (tracing is on by default: it is cheap);
-        ``task_timeout``: seconds any task may run (a task's own ``timeout`` wins).
-        """
-        raise NotImplementedError
-
-    def gather_tiles(self, matrix, out, root) -> None:
-        raise NotImplementedError
-
-
-class JobCluster(Cluster):
+class JobCluster(Cluster, kind="job"):
     """The ranks of this MPI job (or a single rank without MPI).
 
     ``n``: None (or the job's size) for every rank of the job; fewer for the job's
@@ -316,4 +231,7 @@ def current_cluster() -> JobCluster:
     return _current
 
 
-__all__ = ["Cluster", "IdleRun", "JobCluster", "Run", "compile_kernels", "current_cluster"]
+# matrices made without a cluster live on this one (the dsl layer cannot import it)
+use_clusters(Cluster, current_cluster)
+
+__all__ = ["IdleRun", "JobCluster", "Run", "compile_kernels", "current_cluster"]

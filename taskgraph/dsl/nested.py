@@ -28,7 +28,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .errors import GraphError
+from ..core.errors import GraphError
+from .access import Access
+from .tasks import TaskRef
 
 # leaves that are never looked into
 _PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None)})
@@ -77,9 +79,6 @@ def needs_packing(args: tuple, kwargs: dict) -> bool:
 
 
 def _is_ref_like(a) -> bool:
-    from .access import Access
-    from .graph import TaskRef
-
     return isinstance(a, (TaskRef, Access)) or (hasattr(a, "matrix") and hasattr(a, "key"))
 
 
@@ -109,8 +108,6 @@ def _wants(a, top: bool = False) -> bool:
 
 def _set_order(x) -> tuple:
     """A key that orders a set's items alike in every process (no salted hashes)."""
-    from .graph import TaskRef
-
     if isinstance(x, TaskRef):
         return (0, "", x.id, "")
     return (1, type(x).__qualname__, 0, repr(x))

@@ -24,9 +24,9 @@ from pathlib import Path
 import anywidget
 import traitlets
 
-from . import config
+from ..core import config
+from .events import Trace
 from .report import STATIC
-from .trace import Trace
 
 CHUNK = 5000  # task rows per message when replaying a whole run
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph import Graph, Ref, paused_gc
+from .graph import Graph
+from .tasks import Ref, paused_gc
 
 BLOCK = 1024  # tasks per block digest
 _ARRAY_BYTES = 1 << 24  # arrays up to 16 MiB are hashed whole, larger ones sampled

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .comm import World, share_value, tell_written, wait_written
-from .errors import GraphError, RunError
-from .executor import Executor, Stats, gc_frozen
-from .fingerprint import compare_ranks
-from .graph import Graph
-from .plan import Plan, make_plan
-from .trace import Trace
+from ..core.errors import GraphError, RunError
+from ..dsl.fingerprint import compare_ranks
+from ..dsl.graph import Graph
+from ..plan.planner import Plan, make_plan
+from ..run.comm import World, share_value, tell_written, wait_written
+from ..run.executor import Executor, Stats, gc_frozen
+from ..trace.events import Trace
 
 if TYPE_CHECKING:
-    from .cluster import JobCluster
+    from .job import JobCluster
 
 _compiled: set[tuple[int, str]] = set()
 _compile_lock = threading.Lock()
@@ -269,7 +269,7 @@ class Run:
 
     def show(self, **kwargs):
         """Live view: a widget in a notebook, a progress line and trace files elsewhere."""
-        from .widgets import show
+        from ..trace.widgets import show
 
         return show(self, **kwargs)
 

@@ -1,0 +1,103 @@
+"""The public ``tg.Cluster``: the interface every kind of cluster has, and the factory
+that picks one (the job's ranks in batch, ipyparallel engines in a notebook).
+
+The kinds register themselves by subclassing (``class JobCluster(Cluster, kind="job")``),
+so this module imports neither (see :mod:`taskgraph.cluster.job` and
+:mod:`taskgraph.cluster.engines`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..core import config
+from ..dsl.graph import Graph
+from ..plan.planner import Plan
+
+
+def _signature(
+    n: int | None = None,
+    *,
+    workers: int | None = None,
+    blas_threads: int | None = None,
+    timeout: float = 120,
+) -> None:
+    """The parameters every kind of cluster takes (shown by ``tg.Cluster?``)."""
+
+
+class Cluster:
+    """Where graphs run: ``tg.Cluster(n=4)``.
+
+    In a notebook (no MPI launcher), ``Cluster(n)`` starts a local ipyparallel
+    controller and ``n`` engines under mpiexec, one per MPI rank
+    (:class:`~taskgraph.engines.EngineCluster`). In a batch job (``mpiexec``,
+    ``srun``, ``taskgraph run``) it is the job's own ranks
+    (:class:`JobCluster`): ``Cluster()`` or ``Cluster(n=N)`` all N of them, ``Cluster(n)``
+    with n < N the first n, and n > N is an error. ``Cluster()`` without MPI is one
+    rank in this process. ``Cluster.attach(...)`` connects to engines started
+    elsewhere (a SLURM job, ``ipcluster start --engines=mpi``).
+
+    Parameters
+    ----------
+    n : ranks (engines); None: the job's ranks (one rank outside a job).
+    workers : worker threads per rank (default: the cores of a rank's share).
+    blas_threads : BLAS threads per worker (default 1).
+    timeout : seconds to wait for engines to start (a notebook's cluster only).
+
+    Use it as a context manager, or call :meth:`close`, to stop what it started.
+    """
+
+    rank: int | None
+    size: int
+    __signature__: Any = inspect.signature(_signature).replace(
+        return_annotation=inspect.Signature.empty
+    )
+
+    # the kinds ``Cluster(...)`` picks from, registered by their subclasses (``kind=``)
+    _kinds: dict[str, type[Cluster]] = {}
+
+    def __init_subclass__(cls, kind: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if kind is not None:
+            Cluster._kinds[kind] = cls
+
+    def __new__(cls, n: int | None = None, **kwargs):
+        if cls is Cluster:
+            cls = Cluster._kinds["job" if n is None or config.use_mpi() else "engines"]
+        return super().__new__(cls)
+
+    @classmethod
+    def attach(cls, *args, **kwargs):
+        """Connect to running engines; see
+        :meth:`taskgraph.cluster.engines.EngineCluster.attach`."""
+        return Cluster._kinds["engines"].attach(*args, **kwargs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop whatever this cluster started."""
+
+    def run(
+        self,
+        graph: Graph,
+        *,
+        workers: int | None = None,
+        blas_threads: int | None = None,
+        plan: Plan | None = None,
+        trace: bool = True,
+        task_timeout: float | None = None,
+    ):
+        """Plan ``graph`` and start running it; returns a run handle at once.
+
+        ``trace=False`` records no events (tracing is on by default: it is cheap);
+        ``task_timeout``: seconds any task may run (a task's own ``timeout`` wins).
+        """
+        raise NotImplementedError
+
+    def gather_tiles(self, matrix, out, root) -> None:
+        raise NotImplementedError
