@@ -7,9 +7,12 @@ TYPE_CHECKING:`` are for annotations only and are not counted.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "taskgraph"
 
@@ -142,3 +145,32 @@ def test_the_checker_sees_upward_and_inner_imports():
         (7, "taskgraph.plan.planner", True),
     ]
     assert layer("taskgraph.cluster.job") > layer("taskgraph.dsl.graph")
+
+
+OLD_PATHS = """
+import taskgraph.convert as _tgnb
+from taskgraph.batch import nbshim
+from taskgraph.config import cores, quick
+from taskgraph.core import config
+from taskgraph.dsl import tiled
+from taskgraph.tiled import spd_dense
+import taskgraph.cli, taskgraph.batch.cli
+assert _tgnb is nbshim and _tgnb.rank0_prints and _tgnb.display and _tgnb.JobCluster
+assert quick is config.quick and cores is config.cores and spd_dense is tiled.spd_dense
+assert taskgraph.cli is taskgraph.batch.cli
+"""
+
+
+@pytest.mark.timeout(120)
+def test_old_paths_of_scripts_and_notebooks_still_import():
+    """Scripts converted, and job scripts rendered, before the layers keep working."""
+    subprocess.run([sys.executable, "-c", OLD_PATHS], check=True, timeout=100)
+    for module, says in (("taskgraph.cli", "taskgraph demo"), ("taskgraph.demo", "usage:")):
+        out = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=True,
+        )
+        assert says in out.stdout
