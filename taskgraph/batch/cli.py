@@ -127,7 +127,7 @@ def _launch(ranks: int, argv: list[str], timeout: float | None) -> int:
 
 def _mpi_env(argv: list[str]) -> int:
     """Print the MPI settings that ranks started from this node should get, as shell
-    exports: single-copy transfers where allowed (see :mod:`taskgraph.comm`)."""
+    exports: single-copy transfers where allowed (see :mod:`taskgraph.run.comm`)."""
     argparse.ArgumentParser(prog="taskgraph mpi-env", description=_mpi_env.__doc__).parse_args(argv)
     for name, value in single_copy_env().items():
         print(f"export {name}={value}")

@@ -31,7 +31,7 @@ class Cluster:
 
     In a notebook (no MPI launcher), ``Cluster(n)`` starts a local ipyparallel
     controller and ``n`` engines under mpiexec, one per MPI rank
-    (:class:`~taskgraph.engines.EngineCluster`). In a batch job (``mpiexec``,
+    (:class:`~taskgraph.cluster.engines.EngineCluster`). In a batch job (``mpiexec``,
     ``srun``, ``taskgraph run``) it is the job's own ranks
     (:class:`JobCluster`): ``Cluster()`` or ``Cluster(n=N)`` all N of them, ``Cluster(n)``
     with n < N the first n, and n > N is an error. ``Cluster()`` without MPI is one

@@ -1,6 +1,6 @@
 """What runs on an ipyparallel engine: one engine is one MPI rank.
 
-The notebook (:mod:`taskgraph.engines`) calls these functions on every engine with
+The notebook (:mod:`taskgraph.cluster.engines`) calls these functions on every engine with
 ``apply``. Each engine keeps, per process, the matrices made for the notebook (by
 uid) and the graphs of recent runs (for fetching their values later).
 

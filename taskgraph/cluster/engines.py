@@ -23,7 +23,7 @@ A cluster started here cleans up after itself. Engines that die at start are rep
 as soon as their ``mpiexec`` exits, with the tail of their log. ``close()`` ends the
 engines in order (MPI finalized, so MPICH's ``/dev/shm`` segment goes), then the
 controller, then removes what is left (its connection files, any segment our engines
-had mapped). A watchdog process (:mod:`taskgraph.watchdog`) does the same if the client
+had mapped). A watchdog process (:mod:`taskgraph.cluster.watchdog`) does the same if the client
 dies without closing (SIGKILL included); SIGTERM and SIGHUP close the clusters first,
 then end the process as they would have.
 

@@ -18,14 +18,14 @@ order they were made (the same on every rank)::
     run(g2) ─► Run #2  queued ···········► running ─────► done
 
 Before a run starts, every rank checks that all ranks built the same graph (a
-fingerprint, :mod:`taskgraph.fingerprint`): a graph built in another order or with
+fingerprint, :mod:`taskgraph.dsl.fingerprint`): a graph built in another order or with
 other arguments on some rank fails on every rank, naming the first task that differs.
 
 Values of ``@tg.task`` calls stay on the rank that computed them; only the values of
 tasks that no other task reads (sinks) reach every rank at the end of the run. In
 batch, ``future.result()`` on any other value is collective: every rank calls it
 (SPMD), the rank that holds the value sends it to the others
-(:func:`taskgraph.comm.share_value`), and a rank that never calls makes the others fail
+(:func:`taskgraph.run.comm.share_value`), and a rank that never calls makes the others fail
 after ``fetch_timeout`` seconds with an error naming the task and the ranks, instead of
 hanging.
 """

@@ -4,13 +4,13 @@ Made by :meth:`taskgraph.cluster.JobCluster.run`; see :mod:`taskgraph.cluster` f
 picture. A run's thread waits for the run made before it in this process (one run at a
 time, the same order on every rank), compiles the graph's kernels, checks that every
 rank built the same graph (:func:`check_same_graph`), then runs this rank's share with
-an :class:`~taskgraph.executor.Executor`::
+an :class:`~taskgraph.run.executor.Executor`::
 
     queued ──(the earlier run ended)──► running ──► done | failed
 
 Its values (:class:`RunValues`) are the graph's ``results`` while it is the graph's
 latest run; a value one rank holds is fetched collectively
-(:func:`taskgraph.comm.share_value`). :class:`IdleRun` is the handle a rank outside a
+(:func:`taskgraph.run.comm.share_value`). :class:`IdleRun` is the handle a rank outside a
 smaller cluster gets: nothing runs there.
 """
 
@@ -56,7 +56,7 @@ def compile_kernels(graph: Graph) -> float:
 
 def check_same_graph(graph: Graph, net) -> None:
     """Raise GraphError on every rank if the ranks of ``net`` built different graphs,
-    naming the first task that differs (:func:`taskgraph.fingerprint.compare_ranks`:
+    naming the first task that differs (:func:`taskgraph.dsl.fingerprint.compare_ranks`:
     one allgather of 24 bytes when they agree). Collective over ``net``."""
     if net.size == 1:
         return

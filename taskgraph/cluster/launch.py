@@ -82,7 +82,7 @@ def script_argv(script: str, args: Sequence[str] = ()) -> list[str]:
     whole job (``MPI_Abort(n)``). A plain ``python script.py`` goes into MPI_Finalize
     instead, and the job hangs while the other ranks wait for that one in their next
     collective. (Uncaught exceptions end the job either way: see
-    :func:`taskgraph.comm.install_abort_hook`.)"""
+    :func:`taskgraph.run.comm.install_abort_hook`.)"""
     return ["-m", "mpi4py", script, *args]
 
 

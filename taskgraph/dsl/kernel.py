@@ -235,7 +235,7 @@ compile:
 nogil:
     Whether the function runs without the GIL (default: True for a numba function
     compiled with ``nogil=True``, else False). A rank's workers share short tasks
-    only when they do (see :func:`taskgraph.executor.short_task_limit`).
+    only when they do (see :func:`taskgraph.run.executor.short_task_limit`).
 timeout:
     Seconds one of its tasks may run before the run fails naming it (None: the
     run's ``task_timeout``).

@@ -257,7 +257,7 @@ class PackedCall:
         return ", ".join(p if len(p) <= 60 else p[:57] + "..." for p in parts)
 
     def shape(self) -> str:
-        """The arguments' structure as stable text (for :mod:`taskgraph.fingerprint`)."""
+        """The arguments' structure as stable text (for :mod:`taskgraph.dsl.fingerprint`)."""
         kw = ",".join(f"{k}={_shape(n)}" for k, n in self.kwargs.items())
         return ",".join(_shape(n) for n in self.args) + ";" + kw
 

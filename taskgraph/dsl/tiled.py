@@ -4,7 +4,7 @@ A :class:`TiledMatrix` is an m x n matrix cut into tiles of ``tile x tile`` (sma
 the bottom and right edges). Each tile has one owner rank: on a P x Q grid, 2-D
 block-cyclic by default (``distribution="2d"``), dealt by tile column over 1 x P
 (``"1d"``), or drawn at random, balanced and seeded (``"random"``; see
-:mod:`taskgraph.placement`), and each rank stores only the
+:mod:`taskgraph.dsl.placement`), and each rank stores only the
 tiles it owns, as Fortran-ordered arrays that BLAS and LAPACK use in place. Tiles are
 allocated once, when the matrix is made, and every task that writes a tile writes it
 in place on its owner.
@@ -217,7 +217,7 @@ class TiledMatrix:
         self._handles: dict[tuple[int, int], Tile] = {}
         self.tiles: dict[tuple[int, int], np.ndarray] = {}
         # a notebook's rank is None: it owns none. One block for them all, on huge pages
-        # when large (taskgraph.memory: a tile moves between ranks 2-3x as fast)
+        # when large (taskgraph.dsl.memory: a tile moves between ranks 2-3x as fast)
         mine = [ij for ij in self.indices() if self.owner(*ij) == self.rank]
         arrays = memory.empty_many([self.tile_shape(i, j) for i, j in mine], self.dtype)
         self.tiles.update(zip(mine, arrays))

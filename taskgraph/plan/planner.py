@@ -8,7 +8,7 @@ can post its receive into a buffer of the right size; no control messages are ne
 What the plan decides:
 
 placement   tasks that write a tile run on its owner (owner computes); other tasks
-            follow their inputs (:mod:`taskgraph.placement`).
+            follow their inputs (:mod:`taskgraph.dsl.placement`).
 priority    the task's bottom level: the heaviest (by flops) path from it to the end
             of the graph, so the critical path runs first.
 messages    for every version of data read on a rank other than where it was made,

@@ -386,7 +386,7 @@ class World:
     @staticmethod
     def _bind(node) -> list[int] | None:
         """This rank onto its share of the node's CPUs, if the launcher left every
-        rank on all of them (:mod:`taskgraph.affinity`); the CPUs, or None."""
+        rank on all of them (:mod:`taskgraph.core.affinity`); the CPUs, or None."""
         # every rank takes part in the allgather, whatever its own settings say: a
         # rank that skipped it would leave the others waiting
         everyone = node.allgather(affinity.current())

@@ -41,14 +41,14 @@ write-after-read).
 A polling worker keeps polling (yielding the GIL) for ``spin`` seconds after the last
 message (longer by ``spin_per_byte`` per byte of the receives it waits for), then
 sleeps, doubling the sleep up to ``poll_max`` and, past it, up to 5 % of the time it
-has waited (:func:`~taskgraph.comm.next_sleep`); the progress thread backs off that
+has waited (:func:`~taskgraph.run.comm.next_sleep`); the progress thread backs off that
 way too and wakes at once when a worker hands it work: a rank that
 waits for a message does not burn a core.
 
 A task that raises stops this rank's workers, sends an abort to every other rank,
 and all ranks agree on the outcome (``Ibarrier`` then ``allgather``)
 before the run's communicator is freed, so every rank raises the same
-:class:`~taskgraph.errors.TaskError`, and the next run starts clean.
+:class:`~taskgraph.core.errors.TaskError`, and the next run starts clean.
 
 Time limits and stuck tasks: the progress thread fails the run when a task runs past
 its limit (the function's ``timeout``, else ``task_timeout``). A cancel only records
@@ -232,7 +232,7 @@ class BufferPool:
         self._dtypes: dict[str, np.dtype] = {}
         self.allocated = 0  # buffers ever made
         self.handed_out = 0  # buffers ever handed out
-        self._slabs = memory.Slabs()  # large ones on huge pages (see taskgraph.memory)
+        self._slabs = memory.Slabs()  # large ones on huge pages (see taskgraph.dsl.memory)
 
     def get(self, shape: tuple, dtype: str) -> np.ndarray:
         self.handed_out += 1
@@ -534,7 +534,7 @@ class Executor:
 
         Polls back to back for ``spin`` seconds after the last message (plus
         ``spin_per_byte`` per byte of the receives posted), then backs off
-        (:func:`~taskgraph.comm.next_sleep`), as the progress thread does; stops as
+        (:func:`~taskgraph.run.comm.next_sleep`), as the progress thread does; stops as
         soon as a task is ready, and hands polling back to the progress thread.
 
         Where the oldest receive releases a task (:func:`direct_task`), the worker

@@ -402,7 +402,7 @@ class Trace:
         }
 
     def state(self) -> dict:
-        """The widget's state (see taskgraph/static/PROTOCOL.md)."""
+        """The widget's state (see taskgraph/trace/static/PROTOCOL.md)."""
         return {
             "title": self.title,
             "status": self.status,
