@@ -181,8 +181,8 @@ QUICKSTART = [
     ),
     code(
         """
-        from taskgraph.linalg import cholesky_residual
         from taskgraph.dsl.tiled import spd_dense
+        from taskgraph.linalg import cholesky_residual
 
         L = np.tril(A.gather())
         residual = cholesky_residual(spd_dense(N, TILE), L)
@@ -223,8 +223,8 @@ CHOLESKY = [
     setup(
         config="cores, quick",
         imports="""
-        from taskgraph.linalg import cholesky, cholesky_flops, cholesky_residual
         from taskgraph.dsl.tiled import spd_dense
+        from taskgraph.linalg import cholesky, cholesky_flops, cholesky_residual
         """,
         sizes="""
         N, TILE = (512, 128) if QUICK else (8192, 512)
