@@ -760,6 +760,25 @@ def cancel_of_a_task_that_never_returns_stops_the_run():
     _next_run_works()
 
 
+@scenario
+def cancel_on_every_rank_of_a_stuck_run_then_run_again():
+    """Every rank cancels (as a script run by every rank does) a run whose task never
+    returns: each rank sends its abort, some arrive after their peer has concluded, and
+    none of them may reach the next run (its communicator can reuse the context id)."""
+    c = cluster()
+    for _ in range(2):
+        run = c.run(_stuck_graph("stuck", _spin_forever))
+        time.sleep(0.3)
+        run.cancel()
+        try:
+            run.wait(timeout=30)
+        except tg.RunError as err:
+            assert "cancelled by the user" in str(err), str(err)
+        else:
+            raise AssertionError("a cancelled run must raise")
+        _next_run_works()
+
+
 def main(name: str) -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("SCENARIO_TIMEOUT", "120")), exit=True)
     try:

@@ -119,8 +119,14 @@ class Network:
     def gather(self, obj, root: int = 0) -> list | None:
         return [obj]
 
-    def close(self) -> None:
+    def close(self, retire: bool = False) -> None:
         pass
+
+
+# communicators of failed runs, never freed: an abort or a send abandoned on the way
+# may still arrive there, and a freed communicator's context id is reused by a later
+# run's Dup, whose receives and probes would then match it
+_RETIRED: list = []
 
 
 class MPINetwork(Network):
@@ -191,7 +197,12 @@ class MPINetwork(Network):
     def gather(self, obj, root: int = 0):
         return self.comm.gather(obj, root)
 
-    def close(self):
+    def close(self, retire: bool = False):
+        """Free the run's communicator; ``retire``: keep it for good instead (a failed
+        run: see ``_RETIRED``)."""
+        if retire:
+            _RETIRED.append(self.comm)
+            return
         try:
             self.comm.Free()
         except self.MPI.Exception:

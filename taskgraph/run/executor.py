@@ -1332,7 +1332,7 @@ class Executor:
                     if rank != net.rank:
                         results.update((t, commlib.loads(b)) for t, b in part.items())
         finally:
-            net.close()
+            net.close(retire=failure is not None)
         self.graph.results.update(results)
         if failure is not None and failure["task"] is None:  # a cancel, or a runtime fault
             raise RunError(
