@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import numpy as np
@@ -148,6 +149,33 @@ def test_an_exception_outside_a_run_ends_the_job_instead_of_hanging(mpirun, tmp_
     assert "ValueError: a typo on rank 0" in proc.stderr
     assert "rank 0/2 raised ValueError" in proc.stderr
     assert "UNREACHABLE" not in proc.stdout
+
+
+SHM_OF_RANK = """
+import os, sys
+from pathlib import Path
+import taskgraph as tg
+from taskgraph.core.files import shm_files
+
+cluster = tg.Cluster()
+Path(sys.argv[1], f"shm.{cluster.rank}").write_text("\\n".join(shm_files([os.getpid()])))
+cluster.barrier()
+if cluster.rank == 0:
+    raise ValueError("a bug on rank 0")
+cluster.barrier()
+"""
+
+
+def test_a_job_ended_by_an_exception_leaves_no_shared_memory(mpirun, tmp_path):
+    """MPI_Abort skips MPI_Finalize, which removes MPICH's /dev/shm file: the abort
+    hook removes it instead (2 MiB a job, piling up on a shared login node)."""
+    script = tmp_path / "shm.py"
+    script.write_text(SHM_OF_RANK)
+    proc = mpirun(2, [str(script), str(tmp_path)], timeout=45)
+    assert proc.returncode != 0 and "a bug on rank 0" in proc.stderr
+    segments = {s for r in (0, 1) for s in (tmp_path / f"shm.{r}").read_text().split()}
+    assert segments, "MPICH maps a shared-memory file in each rank"
+    assert not [s for s in segments if os.path.exists(s)], segments
 
 
 EXITS_ON_RANK_0 = """

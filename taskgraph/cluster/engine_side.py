@@ -31,10 +31,10 @@ from collections import OrderedDict
 import cloudpickle
 
 from ..core.errors import TaskgraphError
+from ..core.files import shm_files
 from ..dsl.graph import Graph
 from ..dsl.tiled import TiledMatrix
 from .job import current_cluster
-from .watchdog import shm_files
 
 MATRICES: dict[int, TiledMatrix] = {}
 RUNS: OrderedDict[str, Graph] = OrderedDict()  # run id -> graph, the latest few

@@ -28,8 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..core.files import shm_files
+
 MARK = "TASKGRAPH_CLUSTER"
-SHM_PREFIX = "/dev/shm/mpich_shm_"
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 
 
@@ -46,21 +47,6 @@ def marked(marker: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def shm_files(pids: list[int]) -> set[str]:
-    """The MPICH shared-memory files that these processes have mapped."""
-    files: set[str] = set()
-    for pid in pids:
-        try:
-            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].startswith(SHM_PREFIX):
-                files.add(parts[5].removesuffix(" (deleted)"))
-    return files
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

@@ -1,4 +1,4 @@
-"""Files written whole or not at all."""
+"""Files written whole or not at all, and MPICH's shared-memory files of processes."""
 
 from __future__ import annotations
 
@@ -28,3 +28,32 @@ def write_atomic(path, text: str) -> str:
     except OSError as exc:
         raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
     return str(path)
+
+
+SHM_PREFIX = "/dev/shm/mpich_shm_"
+
+
+def shm_files(pids: list[int]) -> set[str]:
+    """The MPICH shared-memory files that these processes have mapped."""
+    files: set[str] = set()
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith(SHM_PREFIX):
+                files.add(parts[5].removesuffix(" (deleted)"))
+    return files
+
+
+def unlink_own_shm() -> None:
+    """Remove the names of the MPICH shared-memory files this process maps. A job that
+    ends without ``MPI_Finalize`` (an abort) leaves them in ``/dev/shm`` otherwise; the
+    ranks still running keep their mappings, only the name goes."""
+    for path in shm_files([os.getpid()]):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..core import affinity, config
 from ..core.errors import RunError
+from ..core.files import unlink_own_shm
 
 CONTROL_TAG = 0
 
@@ -319,6 +320,7 @@ def install_abort_hook(comm, rank: int, size: int) -> None:
         # the launcher forwards a rank's output from a pipe and stops once it is told
         # of the abort: without a moment's grace the traceback came out cut short
         time.sleep(ABORT_GRACE)
+        unlink_own_shm()  # an abort skips MPI_Finalize, which would remove them
         comm.Abort(1)
 
     hook = abort_hook(sys.excepthook, abort, rank, size)
