@@ -15,8 +15,8 @@ Task rows:    task id, worker, start, end, state (1 done, 2 failed)
 Message rows: peer, bytes, tag, posted, completed, direction (+1 sent, -1 received)
 
 The executor stores raw ``time.perf_counter()`` readings (:attr:`Recorder.clock`, a
-builtin: a method that subtracted the start was 9 Python calls on every task's path);
-:meth:`Recorder.batch` hands them out as seconds since the start.
+builtin, so that no Python call sits on a task's path); :meth:`Recorder.batch` hands
+them out as seconds since the start.
 """
 
 from __future__ import annotations
@@ -51,14 +51,13 @@ class Recorder:
         self.workers = workers
         self.start()
         # seconds each worker spent waiting: [waiting on communication, idle]
-        self.waits = [[0.0, 0.0] for _ in range(workers)]  # (lists: a numpy += was 0.3 us)
+        self.waits = [[0.0, 0.0] for _ in range(workers)]  # lists: cheaper += than NumPy
         self.wall = 0.0  # the run's duration on this rank, set at the end
         self.compile_seconds = 0.0  # compiling kernels before the run (not in its time)
         n = ntasks if enabled else 0
         m = nmessages if enabled else 0
-        # Python lists, not NumPy arrays: a store is 13 ns against 44, and a task's
-        # path stores 17 of them (a row of its own and one per message). Ids, tags and
-        # sizes are the plan's own int objects; the times are the only new objects.
+        # Python lists: a store is cheaper than into NumPy (benchmarks.tracing, performance.md)
+        # and ids, tags and sizes stay the plan's own ints: the times are the only new objects
         self.task_id: list[int] = [-1] * n
         self.task_worker = [0] * n
         self.task_start = [0.0] * n
