@@ -1,0 +1,140 @@
+"""The documentation a user reads first: the README's length and quick start, and the
+docstrings of the public API (``taskgraph.__all__`` and the public methods and
+properties of its classes), each naming its function's real parameters."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import taskgraph as tg
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+QUICK_START = ('pip install -e ".[test]" && taskgraph demo', "pytest")
+MAX_README_LINES = 250
+SKIPPED_KINDS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def test_readme_is_short() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines"
+
+
+def test_readme_has_the_quick_start_commands() -> None:
+    lines = [line.strip() for line in README.read_text().splitlines()]
+    for command in QUICK_START:
+        assert command in lines, f"README.md lacks the line {command!r}"
+
+
+def _own(cls: type) -> list[type]:
+    """``cls`` and its bases defined in taskgraph (not object, Exception, Enum...)."""
+    return [c for c in cls.__mro__ if c.__module__.startswith("taskgraph")]
+
+
+def _members(cls: type) -> dict[str, object]:
+    """Public methods and properties of ``cls`` that taskgraph defines, by name."""
+    found: dict[str, object] = {}
+    for c in reversed(_own(cls)):
+        for name, raw in vars(c).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(raw, classmethod | staticmethod):
+                found[name] = raw.__func__
+            elif isinstance(raw, property) or inspect.isfunction(raw):
+                found[name] = raw
+    return found
+
+
+def public_api() -> dict[str, object]:
+    """Every public name a user reaches from ``import taskgraph as tg``, dotted."""
+    out: dict[str, object] = {}
+    for name in tg.__all__:
+        obj = getattr(tg, name)
+        out[name] = obj
+        if inspect.isclass(obj):
+            for member, fn in _members(obj).items():
+                out[f"{name}.{member}"] = fn
+    return out
+
+
+def _doc(obj: object) -> str:
+    return (getattr(obj, "__doc__", None) or "").strip()
+
+
+def _missing_parameters(obj: object) -> list[str]:
+    """Parameters of a function's signature that its docstring never names."""
+    fn = obj.fget if isinstance(obj, property) else obj
+    if not callable(fn) or isinstance(fn, type):
+        return []
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    doc = _doc(obj)
+    return [
+        p.name
+        for p in signature.parameters.values()
+        if p.name not in ("self", "cls")
+        and p.kind not in SKIPPED_KINDS
+        and not re.search(rf"\b{re.escape(p.name)}\b", doc)
+    ]
+
+
+def _constructor_missing(cls: type) -> list[str]:
+    """Constructor parameters named in neither the class's nor ``__init__``'s docstring."""
+    init = next((c.__dict__["__init__"] for c in _own(cls) if "__init__" in c.__dict__), None)
+    if init is None:
+        return []
+    doc = _doc(cls) + "\n" + _doc(init)
+    return [
+        p.name
+        for p in inspect.signature(init).parameters.values()
+        if p.name != "self"
+        and p.kind not in SKIPPED_KINDS
+        and not re.search(rf"\b{re.escape(p.name)}\b", doc)
+    ]
+
+
+def doc_problems() -> list[str]:
+    """One line per public name without a docstring, or whose docstring leaves out
+    parameters of its signature."""
+    problems = []
+    for name, obj in sorted(public_api().items()):
+        if not _doc(obj):
+            problems.append(f"{name}: no docstring")
+            continue
+        if inspect.isclass(obj):
+            missing = _constructor_missing(obj)
+        else:
+            missing = _missing_parameters(obj)
+        if missing:
+            problems.append(f"{name}: docstring does not name {', '.join(missing)}")
+    return problems
+
+
+def test_public_api_is_found() -> None:
+    api = public_api()
+    assert {"Graph", "Cluster", "Trace.to_chrome", "TiledMatrix.gather"} <= set(api)
+    assert len(api) > len(tg.__all__)
+
+
+def test_public_names_have_docstrings_naming_their_parameters() -> None:
+    problems = doc_problems()
+    assert not problems, f"{len(problems)} public names:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("source", "missing"),
+    [
+        ('def f(a, b):\n    """Uses a."""', ["b"]),
+        ('def f(self, a, *args, **kw):\n    """Uses ``a``."""', []),
+        ('def f(ab):\n    """Uses abc."""', ["ab"]),
+    ],
+)
+def test_missing_parameters_finds_what_the_docstring_leaves_out(source, missing) -> None:
+    namespace: dict = {}
+    exec(source, namespace)
+    assert _missing_parameters(namespace["f"]) == missing
