@@ -92,9 +92,11 @@ class Plan:
     messages: list[Message]
 
     def for_rank(self, rank: int) -> RankPlan:
+        """The part of the plan that rank ``rank`` carries out (:class:`RankPlan`)."""
         return rank_plan(self, rank)
 
     def tasks_per_rank(self) -> list[int]:
+        """How many tasks each rank runs, by rank."""
         counts = [0] * self.nranks
         for r in self.placement:
             counts[r] += 1

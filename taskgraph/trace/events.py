@@ -172,6 +172,10 @@ class Trace:
     ``ingest(batch)`` takes the batches ranks publish (see :meth:`Recorder.batch`);
     ``state()`` is what the widget draws; ``summary()`` the figures as data;
     ``to_chrome(path)`` / ``Trace.load(path)`` write and read it back.
+
+    ``title`` names the run; ``nranks`` ranks ran it; per task (by id) ``labels`` says
+    what it is and ``kernel_of`` indexes its function's name in ``kernels``; ``preds``,
+    each task's predecessors, lets the critical path be found (None: no critical path).
     """
 
     def __init__(
@@ -217,6 +221,7 @@ class Trace:
 
     @classmethod
     def for_graph(cls, graph, nranks: int) -> Trace:
+        """An empty trace for a run of ``graph`` on ``nranks`` ranks, labelled from it."""
         kernels: dict[str, int] = {}
         kernel_of = [kernels.setdefault(t.name, len(kernels)) for t in graph.tasks]
         labels = [graph.label(t.id) for t in graph.tasks]
@@ -344,10 +349,12 @@ class Trace:
 
     @property
     def makespan(self) -> float:
+        """Seconds from the run's start to the last task's end (or the longest rank)."""
         ends = [row[3] for row in self.tasks]
         return max(ends + [max(self.wall, default=0.0)], default=0.0)
 
     def lanes(self) -> list[dict]:
+        """The timeline's rows: one per rank and worker, with its label."""
         return [
             {"rank": r, "worker": w, "label": f"rank {r} · worker {w}"}
             for r in range(self.nranks)
@@ -380,6 +387,7 @@ class Trace:
         return out
 
     def progress(self) -> dict:
+        """Tasks done of all, the rate, elapsed and remaining seconds, and per kernel."""
         done = sum(self.kernel_done)
         total = len(self.labels)
         rate = done / self.elapsed if self.elapsed > 0 else 0.0
@@ -416,7 +424,8 @@ class Trace:
         }
 
     def event_rows(self, tasks: list[list], msgs: list[list]) -> dict:
-        """Rows in the protocol's event message form."""
+        """``tasks`` (task rows) and ``msgs`` (message rows), as :meth:`ingest` returns
+        them, in the protocol's event message form."""
         lane_of = {}
         for i, lane in enumerate(self.lanes()):
             lane_of[lane["rank"], lane["worker"]] = i
@@ -461,6 +470,7 @@ class Trace:
         return bool(self.ranks_seen) and 0 not in self.ranks_seen
 
     def to_dict(self) -> dict:
+        """The whole trace as JSON-ready data (what :meth:`to_chrome` embeds)."""
         return {
             "format": FORMAT,
             "title": self.title,
@@ -484,6 +494,8 @@ class Trace:
 
     @classmethod
     def from_dict(cls, d: dict) -> Trace:
+        """The trace that :meth:`to_dict` made ``d`` from; :class:`TraceError` if ``d``
+        is not one."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise TraceError(f"not a taskgraph trace (expected format {FORMAT!r})")
         try:
@@ -612,7 +624,8 @@ class Trace:
 
     @classmethod
     def load(cls, path) -> Trace:
-        """Read a trace written by :meth:`to_chrome` back."""
+        """Read the trace that :meth:`to_chrome` wrote to ``path`` back;
+        :class:`TraceError` if there is none."""
         import json
 
         try:
