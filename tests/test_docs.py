@@ -4,6 +4,7 @@ properties of its classes), each naming its function's real parameters."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -138,3 +139,35 @@ def test_missing_parameters_finds_what_the_docstring_leaves_out(source, missing)
     namespace: dict = {}
     exec(source, namespace)
     assert _missing_parameters(namespace["f"]) == missing
+
+
+ROOT = README.parent
+USER_DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "slurm" / "README.md"]
+USER_DOCS.append(ROOT / "notebooks" / "README.md")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute of one."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_module_paths_in_the_docs_exist(doc: Path) -> None:
+    text = doc.read_text()
+    paths = set(re.findall(r"`(taskgraph/[\w/]+\.py)`", text))
+    dotted = set(re.findall(r"`(taskgraph(?:\.\w+)+)", text))
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    missing += sorted(d for d in dotted if not _resolves(d))
+    assert not missing, f"{doc.name} names what the tree lacks: {missing}"
