@@ -171,3 +171,19 @@ def test_module_paths_in_the_docs_exist(doc: Path) -> None:
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     missing += sorted(d for d in dotted if not _resolves(d))
     assert not missing, f"{doc.name} names what the tree lacks: {missing}"
+
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors for the headings of ``doc``."""
+    headings = re.findall(r"^#+ (.+)$", doc.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_between_the_docs_resolve(doc: Path) -> None:
+    broken = []
+    for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([\w-]+))?\)", doc.read_text()):
+        path = (doc.parent / target).resolve() if target else doc
+        if not path.exists() or (anchor and anchor not in _anchors(path)):
+            broken.append(f"{target}#{anchor}" if anchor else target)
+    assert not broken, f"{doc.name} links to what is not there: {broken}"
