@@ -5,7 +5,9 @@ ipyparallel engines (:mod:`~taskgraph.cluster.engines`, the functions they run:
 """
 
 from .base import Cluster
-from .engines import EngineCluster, EngineRun
+from .engine_run import EngineRun
+from .engines import EngineCluster
+from .handle import RunHandle
 from .job import IdleRun, JobCluster, Run, compile_kernels, current_cluster
 
 __all__ = [
@@ -15,6 +17,7 @@ __all__ = [
     "IdleRun",
     "JobCluster",
     "Run",
+    "RunHandle",
     "compile_kernels",
     "current_cluster",
 ]

@@ -68,12 +68,45 @@ class Cluster:
         return super().__new__(cls)
 
     @classmethod
-    def attach(cls, *args, **kwargs):
-        """Connect to running engines; see
-        :meth:`taskgraph.cluster.engines.EngineCluster.attach`."""
-        return Cluster._kinds["engines"].attach(*args, **kwargs)
+    def attach(
+        cls,
+        cluster_id: str | None = None,
+        *,
+        profile: str | None = None,
+        connection_file: str | None = None,
+        n: int | None = None,
+        timeout: float = 30,
+        workers: int | None = None,
+        blas_threads: int | None = None,
+    ) -> Cluster:
+        """Connect to ipyparallel engines started elsewhere (a SLURM job,
+        ``ipcluster start --engines=mpi``), one per MPI rank.
 
-    def __enter__(self):
+        Parameters
+        ----------
+        cluster_id : the ipyparallel cluster's id (ipyparallel's default if None).
+        profile : the IPython profile it runs in (the default if None).
+        connection_file : a client JSON file (``ipcontroller-client.json``); if given,
+            ``cluster_id`` and ``profile`` are not used.
+        n : wait for this many engines (None: those registered now).
+        timeout : seconds to wait for the connection and the engines.
+        workers : worker threads per engine (default: the engine's cores).
+        blas_threads : BLAS threads per worker (default 1).
+
+        Raises RunError if there is nothing to attach to, or the engines are not one
+        MPI world. See :meth:`taskgraph.cluster.engines.EngineCluster.attach`.
+        """
+        return Cluster._kinds["engines"].attach(
+            cluster_id,
+            profile=profile,
+            connection_file=connection_file,
+            n=n,
+            timeout=timeout,
+            workers=workers,
+            blas_threads=blas_threads,
+        )
+
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -94,10 +127,15 @@ class Cluster:
     ):
         """Plan ``graph`` and start running it; returns a run handle at once.
 
-        ``trace=False`` records no events (tracing is on by default: it is cheap);
-        ``task_timeout``: seconds any task may run (a task's own ``timeout`` wins).
+        ``workers``, ``blas_threads``: per rank (default: the cluster's); ``plan``: a
+        plan made already; ``trace=False`` records no events (tracing is on by default:
+        it is cheap); ``task_timeout``: seconds any task may run (a task's own
+        ``timeout`` wins). Returns a :class:`~taskgraph.cluster.handle.RunHandle`.
         """
         raise NotImplementedError
 
     def gather_tiles(self, matrix, out, root) -> None:
+        """Copy every tile of ``matrix`` into the array ``out`` (on rank ``root`` in
+        batch; in the notebook's process for engines). Called by
+        :meth:`taskgraph.dsl.tiled.TiledMatrix.gather`; collective in batch."""
         raise NotImplementedError

@@ -2,7 +2,7 @@
 
 The notebook (:mod:`taskgraph.cluster.engines`) calls these functions on every engine with
 ``apply``. Each engine keeps, per process, the matrices made for the notebook (by
-uid) and the graphs of recent runs (for fetching their values later).
+uid) and its recent runs (for fetching their values later).
 
 A run executes on the engine's own ranks exactly as in a batch job (the same
 :class:`~taskgraph.cluster.Run` and executor); the engine's main thread meanwhile
@@ -32,12 +32,12 @@ import cloudpickle
 
 from ..core.errors import TaskgraphError
 from ..core.files import shm_files
-from ..dsl.graph import Graph
 from ..dsl.tiled import TiledMatrix
+from .handle import RunHandle
 from .job import current_cluster
 
 MATRICES: dict[int, TiledMatrix] = {}
-RUNS: OrderedDict[str, Graph] = OrderedDict()  # run id -> graph, the latest few
+RUNS: OrderedDict[str, RunHandle] = OrderedDict()  # run id -> run, the latest few
 KEEP_RUNS = 8
 
 
@@ -172,7 +172,7 @@ def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
             next_batch = time.perf_counter() + interval
             seq, cursor = _publish_batch(publish, run, seq, cursor, t0)
     seq, cursor = _publish_batch(publish, run, seq, cursor, t0, final=True)
-    RUNS[run_id] = plan.graph
+    RUNS[run_id] = run
     while len(RUNS) > KEEP_RUNS:
         RUNS.popitem(last=False)
     error = None
@@ -185,7 +185,7 @@ def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
         "seconds": run.seconds,
         "compile_seconds": run.compile_seconds,
         "stats": run.stats.as_dict(),
-        "values": sorted(plan.graph.results),
+        "values": sorted(run.values),
         "error": error,
         "batches": seq,
     }
@@ -226,8 +226,14 @@ def _publish_batch(publish, run, seq: int, cursor, t0: float, final: bool = Fals
 
 
 def result(run_id: str, task: int):
-    """The value of a task of a recent run, from this rank."""
-    graph = RUNS.get(run_id)
-    if graph is None:
+    """The value of a task of a recent run, from this rank (which holds it)."""
+    run = RUNS.get(run_id)
+    if run is None:
         raise TaskgraphError(f"run {run_id} is no longer kept on this engine")
-    return graph.results[task]
+    try:
+        return dict.__getitem__(run.values, task)
+    except KeyError:
+        raise TaskgraphError(
+            f"task {run.graph.label(task)} of run {run.graph.name!r} has no value on rank "
+            f"{current_cluster().rank}"
+        ) from None

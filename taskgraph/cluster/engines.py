@@ -48,17 +48,16 @@ import cloudpickle
 import numpy as np
 
 from ..core import config
-from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..plan.planner import Plan, make_plan
+from ..plan.planner import Plan
 from ..run.comm import single_copy_env
-from ..trace.events import Trace
 from . import engine_side, watchdog
 from .base import Cluster
+from .engine_run import EngineRun
 from .launch import launcher_flavour, local_env
 
 _remote_uids = itertools.count(1)
-STUCK_GRACE = 5.0  # seconds past a task's limit before its silent engine is called stuck
 _live: weakref.WeakSet[EngineCluster] = weakref.WeakSet()  # clusters started here, open
 LOG_TAIL = 30  # lines of the engines' log quoted when they die at start
 STOP_TIMEOUT = 5.0  # seconds an orderly engine shutdown may take before they are killed
@@ -225,13 +224,15 @@ class EngineCluster(Cluster, kind="engines"):
         connection_file: str | None = None,
         n: int | None = None,
         timeout: float = 30,
-        **kwargs,
+        workers: int | None = None,
+        blas_threads: int | None = None,
     ) -> EngineCluster:
         """Connect to engines someone else started.
 
         ``connection_file``: a client JSON file (``ipcontroller-client.json``);
         otherwise the cluster with ``cluster_id`` in ``profile`` (ipyparallel's
-        defaults when omitted). ``n``: wait for this many engines.
+        defaults when omitted). ``n``: wait for this many engines; ``timeout``: seconds
+        to wait for them; ``workers``, ``blas_threads``: as :class:`Cluster`.
         """
         import ipyparallel as ipp
 
@@ -247,7 +248,14 @@ class EngineCluster(Cluster, kind="engines"):
                 f" of profile {profile!r}" if profile else ""
             )
             raise RunError(f"cannot attach to {where}: {exc}") from exc
-        return cls(n, timeout=timeout, _client=client, _ipp_cluster=ipp_cluster, **kwargs)
+        return cls(
+            n,
+            workers=workers,
+            blas_threads=blas_threads,
+            timeout=timeout,
+            _client=client,
+            _ipp_cluster=ipp_cluster,
+        )
 
     def __repr__(self) -> str:
         hosts = sorted(set(getattr(self, "hosts", [])))
@@ -326,9 +334,12 @@ class EngineCluster(Cluster, kind="engines"):
     # -- data ------------------------------------------------------------------------
 
     def new_uid(self) -> int:
+        """A fresh id for a matrix made from here (negative: no rank's own ids)."""
         return -next(_remote_uids)
 
     def build_matrix(self, matrix, fill) -> None:
+        """Make ``matrix``'s tiles on the engines that own them, filled by
+        ``fill(i, j, shape)`` (as made if None); they are dropped when ``matrix`` is freed."""
         payload = cloudpickle.dumps(fill) if fill is not None else None
         self._wait(self.view.apply_async(engine_side.build_matrix, matrix.spec(), payload))
         matrix.generation = self.generation
@@ -347,6 +358,8 @@ class EngineCluster(Cluster, kind="engines"):
             self._wait(ar)
 
     def gather_tiles(self, matrix, out, root) -> None:
+        """Copy every tile of ``matrix`` from its engine into ``out`` here (``root`` is
+        not used: the notebook's process gathers)."""
         self._check_current(matrix)
         t = matrix.tile
         for part in self._wait(self.view.apply_async(engine_side.get_tiles, matrix.uid)):
@@ -387,6 +400,7 @@ class EngineCluster(Cluster, kind="engines"):
         return max(self._wait(self.view.apply_async(engine_side.compile_kernels, dtypes)))
 
     def fetch(self, run_id: str, task: int, rank: int):
+        """The value of ``task`` of run ``run_id`` from the engine of ``rank``."""
         return self._wait(
             self.client[self.engine_ids[rank]].apply_async(engine_side.result, run_id, task)
         )
@@ -499,259 +513,6 @@ def _forget(cluster_ref, uid: int) -> None:
     cluster = cluster_ref()
     if cluster is not None:
         cluster._forgotten.append(uid)
-
-
-class EngineRun:
-    """A graph running on the engines; returned at once by :meth:`EngineCluster.run`.
-
-    States (:meth:`state`): ``"queued"`` while an earlier run of the cluster is still
-    going (the engines take one request at a time), ``"running"``, then ``"done"``
-    (``wait()`` says whether it failed)."""
-
-    def __init__(
-        self,
-        cluster: EngineCluster,
-        graph: Graph,
-        workers,
-        blas_threads,
-        plan,
-        trace=True,
-        task_timeout: float | None = None,
-        previous: EngineRun | None = None,
-    ):
-        self.cluster = cluster
-        self.graph = graph
-        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
-        self.id = uuid.uuid4().hex[:12]
-        self.task_timeout = task_timeout
-        self._previous = previous if previous is not None and not previous.done() else None
-        graph.results.clear()
-        graph.result_ranks.clear()
-        graph.result_ranks.update(
-            (t.id, self.plan.placement[t.id]) for t in graph.tasks if not hasattr(t.fn, "modes")
-        )
-        graph.fetch = self._fetch
-        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout))
-        self.payload_bytes = len(payload)
-        self.t0 = time.perf_counter()
-        forget = []
-        while cluster._forgotten:
-            forget.append(cluster._forgotten.popleft())
-        self.ar = cluster.view.apply_async(engine_side.run_graph, payload, self.id, forget)
-        self._seen: list[set[str]] = [set() for _ in range(cluster.size)]
-        self._kept: list[dict] = []  # every batch, for the trace
-        self._trace: Trace | None = None
-        self._cancelled = False
-        self._heard: dict[int, tuple[object, float]] = {}  # rank -> (heartbeat, when seen)
-        self.summaries: list[dict] | None = None
-        self.seconds = 0.0
-        self.compile_seconds = 0.0
-        self.wall_seconds = 0.0
-
-    def __repr__(self) -> str:
-        return f"<Run {self.graph.name!r} on {self.cluster.size} engines: {self.state()}>"
-
-    def done(self) -> bool:
-        return self.ar.ready()
-
-    def queued(self) -> bool:
-        """Whether the run waits for an earlier run of the cluster to end."""
-        prev = self._previous
-        if prev is not None and prev.done():
-            self._previous = prev = None
-        return prev is not None and not self.done()
-
-    def state(self) -> str:
-        """``"queued"``, ``"running"`` or ``"done"``."""
-        if self.done():
-            return "done"
-        return "queued" if self.queued() else "running"
-
-    def wait(self, timeout: float | None = None) -> EngineRun:
-        """Block until the run ends everywhere; raise its error (TaskError, RunError).
-
-        ``timeout``: seconds, then TimeoutError (the run goes on). An engine stuck in a
-        task past its time limit raises RunError naming the task and rank. Ctrl-C
-        cancels the run, waits up to 10 s for it to stop, and raises KeyboardInterrupt;
-        a second Ctrl-C meanwhile stops only the waiting."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while not self.ar.ready():
-                self.ar.wait(0.2)
-                if self.ar.ready():
-                    break
-                if not self.cluster.alive():
-                    raise RunError(self.cluster._dead_message())
-                self._check_stuck()
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"run of {self.graph.name!r} still going after {timeout} s")
-        except KeyboardInterrupt:
-            self.cancel()
-            try:
-                self.ar.wait(10)
-            finally:
-                raise
-        self._conclude()
-        return self
-
-    def _limit(self, tid: int) -> float | None:
-        own = getattr(self.graph.tasks[tid].fn, "timeout", None)
-        return own if own is not None else self.task_timeout
-
-    def _check_stuck(self) -> None:
-        """RunError if an engine is stuck in a task: its heartbeat shows the task past
-        its time limit plus ``STUCK_GRACE``, or the heartbeat itself stopped for that
-        long (a call into C that holds the interpreter) while every task has a limit."""
-        if self.queued():
-            return
-        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
-        data += [{}] * (self.cluster.size - len(data))
-        now = time.monotonic()
-        longest = self._longest_limit()
-        for rank, per_engine in enumerate(data):
-            beat = per_engine.get("alive") if isinstance(per_engine, dict) else None
-            if beat is None:  # stuck before its first heartbeat: silent since it started
-                beat = (None, [])
-            heard = self._heard.get(rank)
-            if heard is None or heard[0] != beat:
-                self._heard[rank] = heard = (beat, now)
-            silent = now - heard[1]
-            running: list[tuple[int, float]] = beat[1]
-            for tid, seconds in running:
-                limit = self._limit(tid)
-                if limit is not None and seconds + silent > limit + STUCK_GRACE:
-                    self._report_stuck([tid], rank, limit, silent)
-            if longest is not None and silent > longest + STUCK_GRACE:
-                tids = [tid for tid, _ in running] or self._unfinished(rank)
-                self._report_stuck(tids, rank, longest, silent)
-
-    def _longest_limit(self) -> float | None:
-        """The longest time limit of the graph's tasks (None if one has none)."""
-        limits = [self._limit(t.id) for t in self.graph.tasks]
-        return None if not limits or None in limits else max(limits)  # type: ignore[type-var]
-
-    def _unfinished(self, rank: int) -> list[int]:
-        """Tasks of ``rank`` whose end has not been reported."""
-        self.batches()
-        ended = {t for b in self._kept if b["rank"] == rank for t in b["events"]["tasks"]["id"]}
-        placement = self.plan.placement
-        return [t.id for t in self.graph.tasks if placement[t.id] == rank and t.id not in ended]
-
-    def _report_stuck(self, tids: list[int], rank: int, limit: float, silent: float) -> None:
-        names = ", ".join(self.graph.label(t) for t in tids[:3]) + (" ..." if len(tids) > 3 else "")
-        what = (
-            f"task {names} on rank {rank}/{self.cluster.size} ran past its time limit of "
-            f"{limit:g} s and was not stopped"
-            + (f"; the engine has not answered for {silent:.0f} s" if silent > 1 else "")
-            + " (a call that never returns)"
-        )
-        self.cancel()
-        self.cluster._stuck = what
-        raise RunError(f"{what}: cluster.restart() starts fresh engines")
-
-    def _conclude(self) -> None:
-        if self.summaries is not None:
-            return
-        try:
-            summaries = self.ar.get()
-        except Exception as exc:  # an engine died or the engine function failed
-            if not self.cluster.alive():
-                raise RunError(self.cluster._dead_message()) from exc
-            raise
-        if any(not isinstance(s, dict) for s in summaries):  # ipyparallel's TaskAborted
-            raise RunError(f"run of {self.graph.name!r} was cancelled before it started")
-        self.summaries = summaries
-        self.wall_seconds = time.perf_counter() - self.t0
-        self.seconds = max(s["seconds"] for s in self.summaries)
-        self.compile_seconds = max(s["compile_seconds"] for s in self.summaries)
-        errors = [s["error"] for s in self.summaries if s["error"] is not None]
-        if errors:
-            err = errors[0]
-            cause = RemoteTraceback(err.traceback) if isinstance(err, TaskError) else None
-            raise err from cause
-
-    def cancel(self) -> None:
-        """Stop the run on every engine; ``wait()`` then raises RunError. A queued run is
-        taken out of the engines' queue; a running one gets one SIGINT per engine, and
-        cancelling again changes nothing."""
-        if self._cancelled or self.ar.ready():
-            return
-        self._cancelled = True
-        client = self.cluster.client
-        if self.queued():
-            client.abort(self.ar, targets=self.cluster.engine_ids, block=False)
-        else:
-            client.send_signal(signal.SIGINT, targets=self.cluster.engine_ids)
-
-    def result(self, future=None):
-        """Wait, then the value of ``future`` (or of the graph's only result)."""
-        self.wait()
-        if future is None:
-            sinks = [t for t in self.graph.result_ranks if not self._has_successor(t)]
-            if len(sinks) != 1:
-                raise RunError(f"the graph has {len(sinks)} results: name the future you want")
-            return self.graph.result(sinks[0])
-        return future.result()
-
-    def _has_successor(self, tid: int) -> bool:
-        return any(tid in t.preds for t in self.graph.tasks)
-
-    def _fetch(self, tid: int):
-        if self.summaries is None:
-            self.wait()
-        return self.cluster.fetch(self.id, tid, self.graph.result_ranks[tid])
-
-    # -- live events -----------------------------------------------------------------
-
-    def batches(self) -> list[dict]:
-        """Progress and event batches that arrived since the last call, in order."""
-        data = self.ar.data
-        if isinstance(data, dict):  # a single engine
-            data = [data]
-        out = []
-        for rank, per_engine in enumerate(data):
-            for key in sorted(per_engine):
-                if key.startswith("b") and key not in self._seen[rank]:
-                    self._seen[rank].add(key)
-                    out.append(per_engine[key])
-        self._kept += out
-        return out
-
-    @property
-    def trace(self) -> Trace:
-        """Every rank's events of this run, merged (waits for the run to end)."""
-        if self._trace is None:
-            error = None
-            try:
-                self.wait()
-            except (TaskError, RunError) as exc:
-                error = str(exc)
-            self.ar.wait_for_output(10)
-            self.batches()
-            trace = Trace.for_graph(self.graph, self.cluster.size)
-            for batch in self._kept:
-                trace.ingest(batch)
-            trace.finish(error)
-            self._trace = trace
-        return self._trace
-
-    def show(self, **kwargs):
-        """The live widget in a notebook (a progress line elsewhere)."""
-        from ..trace.widgets import show
-
-        return show(self, **kwargs)
-
-    def progress(self) -> tuple[int, int]:
-        """(tasks done, tasks in all) over every rank, from the latest batches."""
-        latest: dict[int, tuple[int, int]] = {}
-        if self.summaries is not None:  # the ranks' final counts
-            return sum(s["stats"]["tasks"] for s in self.summaries), self.graph.ntasks
-        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
-        for per_engine in data:
-            for key in sorted(k for k in per_engine if k.startswith("b")):
-                b = per_engine[key]
-                latest[b["rank"]] = (b["done"], b["total"])
-        return sum(d for d, _ in latest.values()), self.graph.ntasks
 
 
 __all__ = ["EngineCluster", "EngineRun", "check_one_world"]

@@ -212,6 +212,8 @@ class JobCluster(Cluster, kind="job"):
                 comm.Free()
 
     def gather_tiles(self, matrix, out, root) -> None:
+        """Copy every tile of ``matrix`` into ``out`` on rank ``root`` (collective over
+        the cluster's ranks); RunError on a rank outside the cluster."""
         if self.world is None:
             raise RunError(
                 f"matrix {matrix.name} lives on ranks 0..{self.size - 1}; rank "

@@ -8,10 +8,9 @@ an :class:`~taskgraph.run.executor.Executor`::
 
     queued ──(the earlier run ended)──► running ──► done | failed
 
-Its values (:class:`RunValues`) are the graph's ``results`` while it is the graph's
-latest run; a value one rank holds is fetched collectively
-(:func:`taskgraph.run.comm.share_value`). :class:`IdleRun` is the handle a rank outside a
-smaller cluster gets: nothing runs there.
+Its values (:class:`RunValues`) are its own (:class:`~taskgraph.cluster.handle.RunHandle`);
+a value one rank holds is fetched collectively (:func:`taskgraph.run.comm.share_value`).
+:class:`IdleRun` is the handle a rank outside a smaller cluster gets: nothing runs there.
 """
 
 from __future__ import annotations
@@ -27,10 +26,12 @@ import numpy as np
 from ..core.errors import GraphError, RunError
 from ..dsl.fingerprint import compare_ranks
 from ..dsl.graph import Graph
-from ..plan.planner import Plan, make_plan
+from ..dsl.tilecheck import check_tiles
+from ..plan.planner import Plan
 from ..run.comm import World, share_value, tell_written, wait_written
-from ..run.executor import Executor, Stats, gc_frozen
+from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
+from .handle import RunHandle
 
 if TYPE_CHECKING:
     from .job import JobCluster
@@ -66,13 +67,14 @@ def check_same_graph(graph: Graph, net) -> None:
 
 
 class RunValues(dict):
-    """A batch run's values on this rank: the graph's ``results`` while it is the
-    run's.
+    """A batch run's values on this rank.
 
     A value that only one rank holds (the task has successors, so it is not shared at
     the end) reads as absent (``in`` is False) on every rank until it has been
-    shared, so that :meth:`Graph.result` asks the run's fetch hook, which every rank
-    calls alike. Indexing still returns what this rank holds.
+    shared, so that :meth:`RunHandle.result` fetches it on every rank alike.
+    Indexing still returns what this rank holds.
+
+    ``held``: the task ids whose values one rank holds, not yet shared.
     """
 
     def __init__(self, held: set[int]):
@@ -94,12 +96,22 @@ _queue_lock = threading.Lock()
 _last_run: Run | None = None  # the run a new run waits for
 
 
-class Run:
-    """A graph executing on a cluster; returned at once by :meth:`JobCluster.run`.
+class Run(RunHandle):
+    """A graph executing on a job's ranks; returned at once by :meth:`JobCluster.run`.
 
     States: queued (an earlier run of this process still going), running, done or
     failed. ``wait()`` raises the run's error; ``result(future)`` or
     ``future.result()`` gives a value (collective in batch: see the module doc).
+
+    Parameters
+    ----------
+    cluster : the job cluster (this rank is one of its members).
+    graph : the graph to run.
+    workers : worker threads on this rank.
+    blas_threads : BLAS threads per worker.
+    plan : a plan made already (None: planned here).
+    trace : record events.
+    task_timeout : seconds any task may run unless it has a ``timeout`` of its own.
     """
 
     def __init__(
@@ -114,23 +126,17 @@ class Run:
     ):
         global _last_run
         assert cluster.world is not None and cluster.rank is not None  # (a member's)
-        self.cluster = cluster
+        super().__init__(cluster, graph, plan)
         self.world: World = cluster.world
         self.tracing = trace
-        self.graph = graph
         self.workers = workers
         self.blas_threads = blas_threads
         self.task_timeout = task_timeout
-        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
         self.rank_plan = self.plan.for_rank(cluster.rank)
         self.world.runs += 1
         self.id = self.world.runs  # (the same on every rank of the world: SPMD)
-        self._valued = {t.id for t in graph.tasks if not hasattr(t.fn, "modes")}
-        self.values = RunValues(self._valued - set(self.rank_plan.results))
+        self.values = RunValues(set(self._valued) - set(self.rank_plan.results))
         self._own_graph()
-        self.compile_seconds = 0.0
-        self.seconds = 0.0
-        self.stats = Stats()
         self._error: BaseException | None = None
         self._executor: Executor | None = None
         self._lock = threading.Lock()
@@ -144,14 +150,6 @@ class Run:
             self._previous, _last_run = _last_run, self
         self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
         self._thread.start()
-
-    def _own_graph(self) -> None:
-        """Point the graph's futures at this run: its values, its fetch."""
-        g = self.graph
-        g.results = self.values
-        g.result_ranks.clear()
-        g.result_ranks.update((t, self.plan.placement[t]) for t in self._valued)
-        g.fetch = self._fetch
 
     def _main(self) -> None:
         previous, self._previous = self._previous, None
@@ -176,6 +174,7 @@ class Run:
             net = self.world.network()
             try:
                 check_same_graph(self.graph, net)
+                check_tiles(self.graph, net)  # a replaced tile fails here, named
             except BaseException:
                 net.close()
                 raise
@@ -190,8 +189,8 @@ class Run:
                 ex.run()
             finally:
                 self.seconds = time.perf_counter() - t0
-                self.stats = ex.stats
-                self._claim_values()
+                self._stats = ex.stats
+                self._claim_values(ex)
 
     def _executor_for(self, net) -> Executor:
         extra = {} if self.task_timeout is None else {"task_timeout": self.task_timeout}
@@ -206,15 +205,22 @@ class Run:
             **extra,
         )
 
-    def _claim_values(self) -> None:
-        """The executor put its values into ``graph.results``: a later run of the same
-        graph may have taken that over since (it waits for this one): take them back."""
+    def _claim_values(self, ex: Executor) -> None:
+        """Keep the values the executor made (this rank's and every sink's) as they
+        are: a value one rank holds stays absent (``held``) until fetched."""
+        made = getattr(ex, "results", None)
+        if made is not None:
+            dict.update(self.values, made)
+            return
+        # an executor that writes graph.results; a later run of the same graph may
+        # have put its own dict there since (it waits for this one): take them back
         written = self.graph.results
         if written is not self.values:
             dict.update(self.values, written)
             dict.clear(written)
 
     def done(self) -> bool:
+        """Whether the run has ended (done or failed) on this rank."""
         return self._finished.is_set()
 
     def state(self) -> str:
@@ -267,12 +273,6 @@ class Run:
                 file=sys.stderr,
             )
 
-    def show(self, **kwargs):
-        """Live view: a widget in a notebook, a progress line and trace files elsewhere."""
-        from ..trace.widgets import show
-
-        return show(self, **kwargs)
-
     def join(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for the run to end, without raising its error.
 
@@ -283,6 +283,7 @@ class Run:
 
     @property
     def executor(self) -> Executor | None:
+        """This rank's executor once the run has started (None before)."""
         return self._executor
 
     def wait(self, timeout: float | None = None) -> Run:
@@ -300,35 +301,17 @@ class Run:
             raise self._error
         return self
 
-    def cancel(self, reason: str = "cancelled by the user") -> None:
-        """Stop the run on every rank; ``wait()`` then raises. A queued run is stopped
-        as it starts (every rank takes part in it, so that none waits for this one)."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Stop the run on every rank; ``wait()`` then raises RunError naming ``reason``
+        (default "cancelled by the user"). A queued run is stopped as it starts (every
+        rank takes part in it, so that none waits for this one)."""
+        reason = reason or "cancelled by the user"
         with self._lock:
             ex = self._executor
             if ex is None:
                 self._cancel_reason = reason
                 return
         ex.cancel(reason)
-
-    def result(self, future=None):
-        """Wait, then the value of ``future`` in this run (the graph's only sink if
-        none is given). Collective in batch for a value that one rank holds: call it
-        on every rank (see the module doc)."""
-        self.wait()
-        if future is None:
-            sinks = self.rank_plan.results
-            if len(sinks) != 1:
-                raise RunError(f"the graph has {len(sinks)} results: name the future you want")
-            tid = sinks[0]
-        else:
-            if future.graph is not self.graph:
-                raise RunError(f"{future!r} is not a task of run {self.graph.name!r}")
-            tid = future.id
-        if tid not in self._valued:
-            raise GraphError(f"task {self.graph.label(tid)} is a kernel: it has no value")
-        if tid not in self.values:
-            self.values[tid] = self._fetch(tid)
-        return self.values[tid]
 
     def _fetch(self, tid: int):
         """The value of task ``tid`` from the rank that holds it, on every rank."""
@@ -345,51 +328,57 @@ class Run:
             f"task {label} (run {self.graph.name!r})",
         )
 
-    def __repr__(self) -> str:
-        return f"<Run {self.graph.name!r} on {self.cluster.size} ranks: {self.state()}>"
 
-
-class IdleRun:
+class IdleRun(RunHandle):
     """A run of a cluster this rank is not part of (``tg.Cluster(n)`` with n smaller
     than the job): the graph is planned here, as on every rank, and nothing else
     happens; ``wait()`` returns at once. Its figures are NaN, its trace empty; values
-    live on the cluster's ranks only, and asking for one here raises RunError."""
+    live on the cluster's ranks only, and asking for one here raises RunError.
+
+    Parameters
+    ----------
+    cluster : the job cluster this rank is not a member of.
+    graph : the graph its ranks run.
+    plan : a plan made already (None: planned here).
+    """
 
     def __init__(self, cluster: JobCluster, graph: Graph, plan: Plan | None = None):
-        self.cluster = cluster
-        self.graph = graph
-        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
+        super().__init__(cluster, graph, plan)
         self.seconds = self.compile_seconds = math.nan
-        self.stats = Stats()
         self.executor = None
-        graph.fetch = self._fetch
-        graph.results = RunValues({t.id for t in graph.tasks})
-        graph.result_ranks.clear()
-        graph.result_ranks.update((t.id, self.plan.placement[t.id]) for t in graph.tasks)
+        self.values = RunValues(set(self._valued))  # all absent: every one is elsewhere
+        self._own_graph()
 
     def done(self) -> bool:
+        """True: nothing runs here."""
         return True
 
     def state(self) -> str:
+        """``"done"``: nothing runs here."""
         return "done"
 
     def join(self, timeout: float | None = None) -> bool:
+        """True at once: nothing runs here."""
         return True
 
     def wait(self, timeout: float | None = None) -> IdleRun:
+        """Return at once: nothing runs here."""
         return self
 
-    def cancel(self, reason: str = "") -> None:
+    def cancel(self, reason: str | None = None) -> None:
         """Nothing runs here: nothing to stop."""
 
     def progress(self) -> tuple[int, int]:
+        """(0, 0): no task runs here."""
         return (0, 0)
 
     def batches(self) -> list[dict]:
+        """No events here: an empty list."""
         return []
 
     @property
     def trace(self) -> Trace:
+        """An empty trace (the cluster's ranks have the events)."""
         trace = Trace.for_graph(self.graph, self.cluster.size)
         trace.finish(None)
         return trace
@@ -398,6 +387,7 @@ class IdleRun:
         """Nothing to show on a rank outside the cluster (its ranks show the run)."""
 
     def result(self, future=None):
+        """RunError: the values live on the cluster's ranks, not this one."""
         return self._fetch(future.id if future is not None else -1)
 
     def _fetch(self, tid: int):

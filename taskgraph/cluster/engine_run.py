@@ -1,0 +1,302 @@
+"""A graph running on ipyparallel engines, seen from the notebook: :class:`EngineRun`.
+
+Made by :meth:`taskgraph.cluster.engines.EngineCluster.run`, which sends the plan to every
+engine in one message (:func:`taskgraph.cluster.engine_side.run_graph`). The engines
+publish progress and event batches while they run (:meth:`EngineRun.batches`) and a
+heartbeat that tells a stuck engine (a call into C that never returns) from a slow one.
+Values stay on the engines until asked for: ``run.result(future)`` fetches one from the
+rank that holds it, once, and keeps it on the handle.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import cloudpickle
+
+from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..dsl.graph import Graph
+from ..plan.planner import Plan
+from ..run.executor import Stats
+from ..trace.events import Trace
+from . import engine_side
+from .handle import RunHandle
+
+if TYPE_CHECKING:
+    from .engines import EngineCluster
+
+STUCK_GRACE = 5.0  # seconds past a task's limit before its silent engine is called stuck
+
+
+class EngineRun(RunHandle):
+    """A graph running on the engines; returned at once by :meth:`EngineCluster.run`.
+
+    States (:meth:`state`): ``"queued"`` while an earlier run of the cluster is still
+    going (the engines take one request at a time), ``"running"``, then ``"done"`` or
+    ``"failed"``. Values stay on the engines until ``result(future)`` asks for one.
+
+    Parameters
+    ----------
+    cluster : the engine cluster.
+    graph : the graph to run.
+    workers : worker threads per engine (None: the engine's default).
+    blas_threads : BLAS threads per worker (None: the default).
+    plan : a plan made already (None: planned here).
+    trace : record events.
+    task_timeout : seconds any task may run unless it has a ``timeout`` of its own.
+    previous : the cluster's run made before this one (this one is queued behind it).
+    """
+
+    where = "engines"
+
+    def __init__(
+        self,
+        cluster: EngineCluster,
+        graph: Graph,
+        workers: int | None,
+        blas_threads: int | None,
+        plan: Plan | None,
+        trace: bool = True,
+        task_timeout: float | None = None,
+        previous: EngineRun | None = None,
+    ):
+        super().__init__(cluster, graph, plan)
+        self.id = uuid.uuid4().hex[:12]
+        self.task_timeout = task_timeout
+        self._previous = previous if previous is not None and not previous.done() else None
+        self._own_graph()
+        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout))
+        self.payload_bytes = len(payload)
+        self.t0 = time.perf_counter()
+        forget = []
+        while cluster._forgotten:
+            forget.append(cluster._forgotten.popleft())
+        self.ar = cluster.view.apply_async(engine_side.run_graph, payload, self.id, forget)
+        self._seen: list[set[str]] = [set() for _ in range(cluster.size)]
+        self._kept: list[dict] = []  # every batch, for the trace
+        self._trace: Trace | None = None
+        self._cancelled: str | None = None  # the reason, once cancelled
+        self._heard: dict[int, tuple[object, float]] = {}  # rank -> (heartbeat, when seen)
+        self.summaries: list[dict] | None = None
+        self._error: Exception | None = None  # the run's, once the engines answered
+        self.wall_seconds = 0.0
+
+    def done(self) -> bool:
+        """Whether every engine has answered (the run is over, done or failed)."""
+        return self.ar.ready()
+
+    def queued(self) -> bool:
+        """Whether the run waits for an earlier run of the cluster to end."""
+        prev = self._previous
+        if prev is not None and prev.done():
+            self._previous = prev = None
+        return prev is not None and not self.done()
+
+    def state(self) -> str:
+        """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``."""
+        if self.done():
+            try:
+                self._conclude()
+            except Exception:  # noqa: BLE001 - wait() raises it; here it is a state
+                return "failed"
+            return "done"
+        return "queued" if self.queued() else "running"
+
+    def wait(self, timeout: float | None = None) -> EngineRun:
+        """Block until the run ends everywhere; raise its error (TaskError, RunError).
+
+        ``timeout``: seconds, then TimeoutError (the run goes on). An engine stuck in a
+        task past its time limit raises RunError naming the task and rank. Ctrl-C
+        cancels the run, waits up to 10 s for it to stop, and raises KeyboardInterrupt;
+        a second Ctrl-C meanwhile stops only the waiting."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self.ar.ready():
+                self.ar.wait(0.2)
+                if self.ar.ready():
+                    break
+                if not self.cluster.alive():
+                    raise RunError(self.cluster._dead_message())
+                self._check_stuck()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run of {self.graph.name!r} still going after {timeout} s")
+        except KeyboardInterrupt:
+            self.cancel("interrupted (KeyboardInterrupt)")
+            try:
+                self.ar.wait(10)
+            finally:
+                raise
+        self._conclude()
+        return self
+
+    def _limit(self, tid: int) -> float | None:
+        own = getattr(self.graph.tasks[tid].fn, "timeout", None)
+        return own if own is not None else self.task_timeout
+
+    def _check_stuck(self) -> None:
+        """RunError if an engine is stuck in a task: its heartbeat shows the task past
+        its time limit plus ``STUCK_GRACE``, or the heartbeat itself stopped for that
+        long (a call into C that holds the interpreter) while every task has a limit."""
+        if self.queued():
+            return
+        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
+        data += [{}] * (self.cluster.size - len(data))
+        now = time.monotonic()
+        longest = self._longest_limit()
+        for rank, per_engine in enumerate(data):
+            beat = per_engine.get("alive") if isinstance(per_engine, dict) else None
+            if beat is None:  # stuck before its first heartbeat: silent since it started
+                beat = (None, [])
+            heard = self._heard.get(rank)
+            if heard is None or heard[0] != beat:
+                self._heard[rank] = heard = (beat, now)
+            silent = now - heard[1]
+            running: list[tuple[int, float]] = beat[1]
+            for tid, seconds in running:
+                limit = self._limit(tid)
+                if limit is not None and seconds + silent > limit + STUCK_GRACE:
+                    self._report_stuck([tid], rank, limit, silent)
+            if longest is not None and silent > longest + STUCK_GRACE:
+                tids = [tid for tid, _ in running] or self._unfinished(rank)
+                self._report_stuck(tids, rank, longest, silent)
+
+    def _longest_limit(self) -> float | None:
+        """The longest time limit of the graph's tasks (None if one has none)."""
+        limits = [self._limit(t.id) for t in self.graph.tasks]
+        return None if not limits or None in limits else max(limits)  # type: ignore[type-var]
+
+    def _unfinished(self, rank: int) -> list[int]:
+        """Tasks of ``rank`` whose end has not been reported."""
+        self.batches()
+        ended = {t for b in self._kept if b["rank"] == rank for t in b["events"]["tasks"]["id"]}
+        placement = self.plan.placement
+        return [t.id for t in self.graph.tasks if placement[t.id] == rank and t.id not in ended]
+
+    def _report_stuck(self, tids: list[int], rank: int, limit: float, silent: float) -> None:
+        names = ", ".join(self.graph.label(t) for t in tids[:3]) + (" ..." if len(tids) > 3 else "")
+        what = (
+            f"task {names} on rank {rank}/{self.cluster.size} ran past its time limit of "
+            f"{limit:g} s and was not stopped"
+            + (f"; the engine has not answered for {silent:.0f} s" if silent > 1 else "")
+            + " (a call that never returns)"
+        )
+        self.cancel(what)
+        self.cluster._stuck = what
+        raise RunError(f"{what}: cluster.restart() starts fresh engines")
+
+    def _conclude(self) -> None:
+        """Read the engines' summaries (once); raise the run's error (every time)."""
+        if self.summaries is None and self._error is None:
+            try:
+                self._read_summaries()
+            except Exception as exc:  # noqa: BLE001 - kept, and raised below
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+
+    def _read_summaries(self) -> None:
+        try:
+            summaries = self.ar.get()
+        except Exception as exc:  # an engine died or the engine function failed
+            if not self.cluster.alive():
+                raise RunError(self.cluster._dead_message()) from exc
+            raise
+        if any(not isinstance(s, dict) for s in summaries):  # ipyparallel's TaskAborted
+            raise RunError(
+                f"run of {self.graph.name!r} was cancelled before it started: {self._cancelled}"
+            )
+        self.summaries = summaries
+        self.wall_seconds = time.perf_counter() - self.t0
+        self.seconds = max(s["seconds"] for s in self.summaries)
+        self.compile_seconds = max(s["compile_seconds"] for s in self.summaries)
+        errors = [s["error"] for s in self.summaries if s["error"] is not None]
+        if errors:
+            err = errors[0]
+            if self._cancelled is not None and isinstance(err, RunError):
+                raise RunError(f"{err} ({self._cancelled})") from err
+            cause = RemoteTraceback(err.traceback) if isinstance(err, TaskError) else None
+            raise err from cause
+
+    def cancel(self, reason: str | None = None) -> None:
+        """Stop the run on every engine; ``wait()`` then raises RunError naming
+        ``reason`` (default "cancelled by the user"). A queued run is taken out of the
+        engines' queue; a running one gets one SIGINT per engine, and cancelling again
+        changes nothing."""
+        if self._cancelled is not None or self.ar.ready():
+            return
+        self._cancelled = reason or "cancelled by the user"
+        client = self.cluster.client
+        if self.queued():
+            client.abort(self.ar, targets=self.cluster.engine_ids, block=False)
+        else:
+            client.send_signal(signal.SIGINT, targets=self.cluster.engine_ids)
+
+    def _fetch(self, tid: int):
+        """The value of task ``tid`` from the engine of the rank that holds it."""
+        if self.summaries is None:
+            self.wait()
+        return self.cluster.fetch(self.id, tid, self.plan.placement[tid])
+
+    @property
+    def stats(self) -> Stats:
+        """What the run did, over every engine: counts summed, ``seconds`` and
+        ``peak_sends`` the largest; zeros until the run ends."""
+        total = Stats()
+        for summary in self.summaries or ():
+            for name, value in summary["stats"].items():
+                mine = getattr(total, name)
+                both = max(mine, value) if name in ("seconds", "peak_sends") else mine + value
+                setattr(total, name, both)
+        return total
+
+    # -- live events -----------------------------------------------------------------
+
+    def batches(self) -> list[dict]:
+        """Progress and event batches that arrived since the last call, in order."""
+        data = self.ar.data
+        if isinstance(data, dict):  # a single engine
+            data = [data]
+        out = []
+        for rank, per_engine in enumerate(data):
+            for key in sorted(per_engine):
+                if key.startswith("b") and key not in self._seen[rank]:
+                    self._seen[rank].add(key)
+                    out.append(per_engine[key])
+        self._kept += out
+        return out
+
+    @property
+    def trace(self) -> Trace:
+        """Every rank's events of this run, merged (waits for the run to end)."""
+        if self._trace is None:
+            error = None
+            try:
+                self.wait()
+            except (TaskError, RunError) as exc:
+                error = str(exc)
+            self.ar.wait_for_output(10)
+            self.batches()
+            trace = Trace.for_graph(self.graph, self.cluster.size)
+            for batch in self._kept:
+                trace.ingest(batch)
+            trace.finish(error)
+            self._trace = trace
+        return self._trace
+
+    def progress(self) -> tuple[int, int]:
+        """(tasks done, tasks in all) over every rank, from the latest batches."""
+        latest: dict[int, tuple[int, int]] = {}
+        if self.summaries is not None:  # the ranks' final counts
+            return sum(s["stats"]["tasks"] for s in self.summaries), self.graph.ntasks
+        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
+        for per_engine in data:
+            for key in sorted(k for k in per_engine if k.startswith("b")):
+                b = per_engine[key]
+                latest[b["rank"]] = (b["done"], b["total"])
+        return sum(d for d, _ in latest.values()), self.graph.ntasks
+
+
+__all__ = ["STUCK_GRACE", "EngineRun"]

@@ -1,0 +1,155 @@
+"""The handle every ``cluster.run(graph)`` returns: :class:`RunHandle`.
+
+A run keeps its own values: two runs of one graph (with different inputs) each answer
+``run.result(future)`` with theirs. ``future.result()`` reads the graph's latest run
+(``graph.last_run``, set when a run is made). The job's runs
+(:class:`~taskgraph.cluster.jobrun.Run`) and the engines' runs
+(:class:`~taskgraph.cluster.engine_run.EngineRun`) subclass it::
+
+    queued ──(the earlier run ended)──► running ──► done | failed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.errors import GraphError, RunError
+from ..dsl.graph import Graph
+from ..plan.planner import Plan, make_plan
+from ..run.executor import Stats
+from ..trace.events import Trace
+
+
+def _futures_read_last_run() -> bool:
+    """Whether a fresh Graph has ``last_run`` (its futures then read it); if not, its
+    futures read the graph's ``results`` and ``fetch`` hook, which the run sets."""
+    return hasattr(Graph("probe"), "last_run")
+
+
+class RunHandle:
+    """A graph running on a cluster; returned at once by ``cluster.run(graph)``.
+
+    ``wait()`` blocks and raises the run's error, ``done()`` polls, ``state()`` says
+    ``"queued"``, ``"running"``, ``"done"`` or ``"failed"``, ``cancel(reason)`` stops
+    it on every rank, ``result(future)`` gives a value of this run, ``trace`` its
+    events, ``stats`` what it did, ``show()`` draws it live. ``seconds`` and
+    ``compile_seconds``: how long it ran and compiled (the slowest rank's).
+
+    Parameters
+    ----------
+    cluster : the cluster it runs on.
+    graph : the graph it runs.
+    plan : the plan it follows (made from ``graph`` and the cluster's size if None).
+    """
+
+    where = "ranks"  # what __repr__ calls the cluster's members
+
+    def __init__(self, cluster: Any, graph: Graph, plan: Plan | None = None):
+        self.cluster = cluster
+        self.graph = graph
+        self.plan = plan if plan is not None else make_plan(graph, cluster.size)
+        self.seconds = 0.0
+        self.compile_seconds = 0.0
+        self._stats = Stats()
+        # tasks with a value (``@tg.task`` calls; a kernel writes tiles instead)
+        self._valued = frozenset(t.id for t in graph.tasks if not hasattr(t.fn, "modes"))
+        self.values: dict[int, object] = {}  # this run's, by task id
+
+    def _own_graph(self) -> None:
+        """Make this run the graph's latest: ``future.result()`` reads it. Called by a
+        subclass once ``values`` is in place, when the run is made."""
+        g = self.graph
+        g.last_run = self
+        if not _futures_read_last_run():
+            g.results = self.values
+            g.result_ranks.clear()
+            g.result_ranks.update((t, self.plan.placement[t]) for t in self._valued)
+            g.fetch = self._fetch
+
+    # -- state -----------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """Whether the run has ended (done or failed) on every rank."""
+        raise NotImplementedError
+
+    def state(self) -> str:
+        """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> RunHandle:
+        """Block until the run ends and return it; raise its error if it failed on any
+        rank (TaskError, RunError); TimeoutError if it is still going after ``timeout``
+        seconds (the run goes on). Ctrl-C meanwhile cancels the run and re-raises."""
+        raise NotImplementedError
+
+    def cancel(self, reason: str | None = None) -> None:
+        """Stop the run on every rank; ``wait()`` then raises RunError naming
+        ``reason``. A queued run is stopped before it starts; cancelling an ended run,
+        or cancelling twice, changes nothing."""
+        raise NotImplementedError
+
+    def progress(self) -> tuple[int, int]:
+        """(tasks done, tasks in all), as far as this side knows now."""
+        raise NotImplementedError
+
+    def batches(self) -> list[dict]:
+        """Progress and event batches that arrived since the last call, in order."""
+        raise NotImplementedError
+
+    @property
+    def trace(self) -> Trace:
+        """Every rank's events of this run, merged (waits for the run to end)."""
+        raise NotImplementedError
+
+    @property
+    def stats(self) -> Stats:
+        """What the run did (tasks, messages, bytes); zeros until it ends."""
+        return self._stats
+
+    def show(self, **kwargs):
+        """Live view: a widget in a notebook, a progress line and trace files elsewhere.
+        ``kwargs`` go to :func:`taskgraph.trace.widgets.show`."""
+        from ..trace.widgets import show  # (ipywidgets: heavy, optional)
+
+        return show(self, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Run {self.graph.name!r} on {self.cluster.size} {self.where}: {self.state()}>"
+
+    # -- values ----------------------------------------------------------------------
+
+    def result(self, future=None):
+        """Wait, then the value of ``future`` in this run (the graph's only result, a
+        value no task reads, if None). Raises the run's error; RunError for a future of
+        another graph, GraphError for a kernel's task (it has no value). A value kept on
+        one rank is fetched from it (collective in batch: every rank asks)."""
+        self.wait()
+        tid = self._task_of(future)
+        if tid not in self.values:
+            self.values[tid] = self._fetch(tid)
+        return self.values[tid]
+
+    def _task_of(self, future) -> int:
+        """The task id whose value ``future`` names (the only sink for None)."""
+        if future is None:
+            sinks = self._sinks()
+            if len(sinks) != 1:
+                raise RunError(
+                    f"run {self.graph.name!r}: the graph has {len(sinks)} results: "
+                    "name the future you want"
+                )
+            return sinks[0]
+        if getattr(future, "graph", None) is not self.graph:
+            raise RunError(f"{future!r} is not a task of run {self.graph.name!r}")
+        if future.id not in self._valued:
+            raise GraphError(f"task {self.graph.label(future.id)} is a kernel: it has no value")
+        return future.id
+
+    def _sinks(self) -> list[int]:
+        """Tasks with a value that no task reads, in order."""
+        read = {p for t in self.graph.tasks for p in t.preds}
+        return [t.id for t in self.graph.tasks if t.id in self._valued and t.id not in read]
+
+    def _fetch(self, tid: int):
+        """The value of task ``tid`` from the rank that keeps it."""
+        raise NotImplementedError
