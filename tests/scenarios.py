@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -777,6 +778,96 @@ def cancel_on_every_rank_of_a_stuck_run_then_run_again():
         else:
             raise AssertionError("a cancelled run must raise")
         _next_run_works()
+
+
+@tg.kernel(modes="rw", dims="mn")
+def _die(t):
+    time.sleep(0.3)  # the other ranks are waiting for this tile by now
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@tg.kernel(modes="r,rw", dims="mn,mn")
+def _add(src, dst):
+    dst += src
+
+
+def killed_rank_graph(c) -> tg.Graph:
+    """The last rank of ``c`` kills itself in a task whose tile every other rank reads."""
+    last = c.size - 1
+    X = tg.TiledMatrix.zeros((2 * c.size, 2), 2, grid=(c.size, 1), name="X", cluster=c)
+    with tg.Graph("killed rank") as g:
+        _die(X[last, 0].rw)
+        for i in range(last):
+            _add(X[last, 0].r, X[i, 0].rw)
+    return g
+
+
+KILLED_BOUND = 30.0  # seconds a survivor of a killed rank may wait before it is a hang
+
+
+@scenario
+def a_killed_rank_ends_the_job():
+    """One rank dies mid-run (SIGKILL of itself) while the others wait for its tile.
+    No survivor finishes the run as if nothing happened, nor waits past the bound: in a
+    batch job a rank that dies ends the whole job (the launcher ends the others, and
+    the job fails); so no rank ever prints PASS here. On engines the notebook reports
+    the lost engine instead (tests/test_scenarios_engines.py)."""
+    c = cluster()
+    run = c.run(killed_rank_graph(c))
+    try:
+        run.wait(timeout=KILLED_BOUND)
+    except TimeoutError:
+        late = f"rank {c.rank}: still waiting {KILLED_BOUND:g} s after a rank died"
+        raise AssertionError(late) from None
+    raise AssertionError(f"rank {c.rank}: the run ended as if rank {c.size - 1} had not died")
+
+
+ENDS_THE_JOB = {"a_killed_rank_ends_the_job"}  # no rank may pass: the job must fail
+
+
+def _wrong_tiles():
+    """(what, array) pairs that replace a tile of shape (2, 2) float64."""
+    return [
+        ("shape", np.ones((1, 2), order="F")),
+        ("dtype", np.ones((2, 2), np.float32, order="F")),
+        ("layout", np.arange(4.0).reshape(2, 2)),  # C order: would arrive transposed
+    ]
+
+
+@scenario
+def a_tile_of_the_wrong_shape_names_its_task_and_rank():
+    """A tile replaced on its owner (the last rank) by an array of another shape, dtype
+    or layout before the run: the run fails on every rank, before any task, with a
+    TaskError naming the first task that uses the tile and the rank holding it; never a
+    silent wrong result (bytes sent as they are, read as the plan says), a truncated
+    message, or a hang. The next run, with the tile put right, works."""
+    c = cluster()
+    size, bad = c.size, c.size - 1
+    for what, wrong in _wrong_tiles():
+        X = tg.TiledMatrix.from_function(
+            (4 * size, 2), 2, lambda i, j, s: np.full(s, 1.0), grid=(size, 1), name="X"
+        )
+        with tg.Graph("wrong tile") as g:
+            for i in range(size):
+                _add(X[bad, 0].r, X[size + i, 0].rw)
+        right = X.tiles.get((bad, 0))
+        if c.rank == bad:
+            X.tiles[bad, 0] = wrong
+        try:
+            c.run(g).wait(timeout=30)
+        except tg.TaskError as err:
+            assert err.task == f"_add(X[{bad},0], X[{size},0])", (what, err.task)
+            assert err.rank == bad and err.size == size, (what, str(err))
+            text = str(err)
+            assert f"on rank {bad}/{size}" in text and f"tile X[{bad},0]" in text, text
+            assert "(2, 2) float64 tiles in Fortran order" in text, text
+        else:
+            raise AssertionError(f"a tile of the wrong {what} must fail the run")
+        if right is not None:
+            X.tiles[bad, 0] = right
+        c.run(g).wait()
+        full = X.to_numpy()
+        assert np.all(full[2 * size :] == 2.0), (what, full)
 
 
 def main(name: str) -> None:
