@@ -187,3 +187,28 @@ def test_links_between_the_docs_resolve(doc: Path) -> None:
         if not path.exists() or (anchor and anchor not in _anchors(path)):
             broken.append(f"{target}#{anchor}" if anchor else target)
     assert not broken, f"{doc.name} links to what is not there: {broken}"
+
+
+# words in backticks in a layer's entry of architecture.md that are not its modules
+NOT_MODULES = {"config", "taskgraph", "wait", "result", "trace", "stats", "show"}
+
+
+def _layer_entries() -> dict[str, str]:
+    """Each layer's entry in architecture.md's "Where the code lives", by layer."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Where the code lives", 1)[1].split("\n## ", 1)[0]
+    parts = re.split(r"^- \*\*`taskgraph/(\w+)/`\*\*", section, flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n- ", 1)[0] for i in range(1, len(parts), 2)}
+
+
+def test_architecture_names_every_module_of_every_layer() -> None:
+    entries = _layer_entries()
+    assert set(entries) == {"core", "dsl", "plan", "trace", "run", "cluster", "batch"}
+    problems = []
+    for layer, entry in entries.items():
+        folder = ROOT / "taskgraph" / layer
+        modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+        named = set(re.findall(r"`([a-z_]+)`", entry)) - (NOT_MODULES - modules)
+        problems += [f"taskgraph/{layer}/{m}.py is not described" for m in modules - named]
+        problems += [f"taskgraph/{layer}/{m}.py does not exist" for m in named - modules]
+    assert not problems, "docs/architecture.md, Where the code lives:\n" + "\n".join(problems)
