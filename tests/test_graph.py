@@ -669,7 +669,7 @@ def test_a_timeout_that_is_not_a_positive_number_is_refused(bad):
         tg.kernel(lambda x: x, modes="rw", name="k", timeout=bad)
 
 
-GRAPH_MODULES = {f"taskgraph.{m}" for m in "graph kernel access errors tiled plan".split()}
+GRAPH_MODULES = {f"taskgraph.dsl.{m}" for m in "graph kernel access tiled tasks".split()}
 
 
 @pytest.mark.parametrize(
@@ -697,3 +697,121 @@ def test_public_names_document_their_real_parameters(name):
 def test_an_array_as_a_tile_index_is_named_by_shape_and_dtype():
     with pytest.raises(tg.GraphError, match=r"not <float64 array \(100, 100\)>$"):
         matrix()[np.zeros((100, 100))]
+
+
+@pytest.mark.parametrize("cls", [tg.Graph, tg.Mode, tg.TiledMatrix, tg.Kernel, tg.Future])
+def test_public_methods_of_the_dsl_have_docstrings(cls):
+    """``g.order?``, ``A.tile_shape?``...: every public method and property says what it does."""
+    import inspect
+
+    from taskgraph.dsl.tiled import Tile
+
+    for klass in (cls, Tile) if cls is tg.TiledMatrix else (cls,):
+        missing = [
+            name
+            for name, member in vars(klass).items()
+            if not name.startswith("_")
+            and (
+                inspect.isfunction(member)
+                or isinstance(member, property | staticmethod | classmethod)
+            )
+            and not inspect.getdoc(member.fget if isinstance(member, property) else member)
+        ]
+        assert not missing, f"{klass.__name__}: no docstring on {missing}"
+
+
+# -- the recorder and the pure ordering helpers ------------------------------------------
+
+
+def test_ordering_helpers_are_pure_functions_of_a_task_list():
+    """a -> b -> d, a -> c -> d (costs 1, 5, 2, 1): hand-made tasks, no graph."""
+    from taskgraph.dsl import order
+    from taskgraph.dsl.tasks import Task
+
+    preds = [[], [0], [0], [1, 2]]
+    tasks = [
+        Task(i, None, (), None, (), (), p, c) for i, (p, c) in enumerate(zip(preds, [1, 5, 2, 1]))
+    ]
+    succ = order.successors(tasks)
+    assert succ == [[1, 2], [3], [3], []]
+    found, stuck = order.topological_order(tasks, succ)
+    assert stuck == set() and sorted(found) == [0, 1, 2, 3] and found[0] == 0 and found[-1] == 3
+    levels = order.bottom_levels(tasks, found, [t.cost for t in tasks])
+    assert levels == [7, 6, 3, 1]
+    assert order.critical_path(tasks, levels, succ) == (7, [0, 1, 3])
+    tasks[0].preds = [3]  # d -> a closes a cycle through everything
+    found, stuck = order.topological_order(tasks, order.successors(tasks))
+    assert found == [] and stuck == {0, 1, 2, 3}
+    cycle = order.find_cycle(tasks, stuck)
+    assert set(cycle) in ({0, 1, 3}, {0, 2, 3})
+
+
+def test_one_inference_serves_kernels_and_task_calls():
+    """A kernel and a @tg.task call on the same tiles get the same edges and versions."""
+    A = matrix()
+    with tg.Graph() as k:
+        scale(A[0, 0].rw)
+        show(A[0, 0].r)
+        axpy(A[0, 0].r, A[1, 0].rw)
+        fill(A[0, 0].w)
+    with tg.Graph() as t:
+        tg.task(lambda x: None)(A[0, 0].rw)
+        tg.task(lambda x: None)(A[0, 0].r)
+        tg.task(lambda x, y: None)(A[0, 0].r, A[1, 0].rw)
+        tg.task(lambda x: None)(A[0, 0].w)
+    for tid in range(4):
+        assert k.tasks[tid].preds == t.tasks[tid].preds, tid
+        assert reads(k, tid) == reads(t, tid) and writes(k, tid) == writes(t, tid)[:-1], tid
+    assert [k.tasks[i].preds for i in range(4)] == [[], [0], [0], [1, 2]]
+
+
+def test_the_graph_caches_its_order_until_it_changes():
+    A = matrix()
+    with tg.Graph() as g:
+        scale(A[0, 0].rw)
+        scale(A[1, 1].rw)
+    assert g.successors() == [[], []] and g.order() == [0, 1]
+    with g:  # recording again, into the same graph
+        axpy(A[0, 0].r, A[1, 1].rw)
+    assert g.successors() == [[2], [2], []]
+    g.add_dependency(2, 0)  # a cycle now: 0 -> 2 -> 0
+    with pytest.raises(tg.GraphError, match="has a cycle"):
+        g.order()
+
+
+class _Run:
+    """The part of a run handle a future uses: result(future) and done()."""
+
+    def __init__(self, values: dict, over: bool):
+        self.values, self.over = values, over
+
+    def result(self, future=None):
+        return self.values[future.id]
+
+    def done(self) -> bool:
+        return self.over
+
+
+def test_a_future_asks_the_graphs_latest_run_for_its_value():
+    with tg.Graph() as g:
+        f = load(3)
+    assert g.last_run is None and not f.done()
+    with pytest.raises(tg.GraphError, match="has not run yet"):
+        f.result()
+    g.last_run = _Run({f.id: 42}, over=True)
+    assert f.result() == 42 and f.done()
+    g.last_run = _Run({f.id: 7}, over=False)  # a second run replaces the first
+    assert f.result() == 7 and not f.done()
+
+
+def test_a_pickled_graph_leaves_its_run_and_results_behind():
+    import cloudpickle as pickle  # as a graph travels to engines
+
+    with tg.Graph() as g:
+        f = load(3)
+        load(f)
+    g.last_run = _Run({}, over=True)
+    g.results[f.id] = 3
+    copy = pickle.loads(pickle.dumps(g))
+    assert copy.last_run is None and copy.results == {}
+    assert [t.preds for t in copy.tasks] == [[], [0]] and copy.order() == [0, 1]

@@ -20,18 +20,22 @@ class Mode(enum.IntFlag):
 
     @property
     def reads(self) -> bool:
+        """Whether a task in this mode reads the data (``R`` or ``RW``)."""
         return bool(self & Mode.R)
 
     @property
     def writes(self) -> bool:
+        """Whether a task in this mode writes the data (``W`` or ``RW``)."""
         return bool(self & Mode.W)
 
     @property
     def mark(self) -> str:
+        """The mark a call site writes for this mode: ``"r"``, ``"w"`` or ``"rw"``."""
         return {Mode.R: "r", Mode.W: "w", Mode.RW: "rw"}[self]
 
     @classmethod
     def parse(cls, text: str) -> Mode:
+        """The mode a mark names (``"r"``, ``"w"``, ``"rw"``, any case); ValueError else."""
         try:
             return {"r": cls.R, "w": cls.W, "rw": cls.RW}[text.strip().lower()]
         except KeyError:

@@ -3,22 +3,19 @@
 Two ways to add tasks, one graph:
 
 * **Sequential task flow.** Inside ``with tg.Graph() as g:``, calling a kernel on
-  marked tiles (``gemm(A[m, k].r, A[n, k].r, A[m, n].rw)``) records a task. The graph
-  keeps, for every piece of data, its last writer and the readers since then, and
-  infers the edges a sequential run implies::
-
-      read  after write  (RAW): the reader waits for the last writer
-      write after read   (WAR): the writer waits for every reader since the last write
-      write after write  (WAW): the writer waits for the last writer (if no reader between)
-
-  Readers of the same version get no edges between them.
-
+  marked tiles (``gemm(A[m, k].r, A[n, k].r, A[m, n].rw)``) records a task, and the
+  read-after-write, write-after-read and write-after-write edges a sequential run
+  implies are inferred (:mod:`taskgraph.dsl.builder`, the graph's recorder).
 * **Futures.** ``@tg.task`` functions called inside a graph return a :class:`Future`;
   passing it to another call adds a read of its value.
 
 Every task records which *versions* of data it reads and overwrites: a version is
 (data, producing task), with producer -1 for the data as it was before the run. The
 planner turns these into messages between ranks.
+
+Once recorded, a graph is data: the ordering questions (successors, a topological
+order, bottom levels, the critical path, a cycle) are pure functions of its task list
+(:mod:`taskgraph.dsl.order`), cached here until the graph changes.
 
 The graph is checked as it is built (marks, shapes, dtypes, tile ranges) and before
 it runs (cycles through explicit dependencies), and every error names the tasks.
@@ -28,16 +25,15 @@ from __future__ import annotations
 
 import functools
 import gc
-import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.errors import GraphError
-from . import nested
-from .access import Access, Mode
-from .tasks import INITIAL, Data, Future, Ref, Task, TaskRef, check_timeout
+from . import builder as recording
+from . import nested, order
+from .tasks import Data, Future, Ref, Task, TaskRef, check_timeout
 
 if TYPE_CHECKING:
     from .tiled import TiledMatrix
@@ -83,12 +79,13 @@ class TaskFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        g = Graph.active()
-        if g is None:
+        b = recording.active()
+        if b is None:
             return self.fn(*args, **kwargs)
-        return g.add_call(self, args, kwargs)
+        return b.add_call(self, args, kwargs)
 
     def cost(self, shapes) -> float:
+        """The declared cost, whatever the ``shapes`` (a kernel's depends on them)."""
         return self.cost_value
 
     def __repr__(self) -> str:
@@ -119,68 +116,46 @@ def task(fn: Callable | None = None, *, cost: float = 1.0, timeout: float | None
     return TaskFunction(fn, cost, timeout)
 
 
-_stack = threading.local()
-
-# arguments a call passes on as they are, without a look at what they might refer to
-_CONSTANTS = frozenset({int, float, complex, str, bytes, bool, type(None)})
-
-# (mode, tile shape, dtype) of a kernel argument -> a small int, for signature keys
-_SIGNATURES: dict[tuple, int] = {}
-_SIGNATURE_OF: dict[int, tuple] = {}
-
-
-def _check_signature(kernel, key: tuple[int, ...]) -> tuple[str, float]:
-    """Check a kernel's arguments once per signature; remember (problem, flops)."""
-    if len(_SIGNATURE_OF) != len(_SIGNATURES):
-        _SIGNATURE_OF.update({v: k for k, v in _SIGNATURES.items()})
-    sig = [_SIGNATURE_OF[k] for k in key]
-    modes, shapes, dtypes = [Mode(s[0]) for s in sig], [s[1] for s in sig], [s[2] for s in sig]
-    problem = kernel.check(modes, shapes, dtypes)
-    known = (problem, kernel.cost(shapes) if not problem else 0.0)
-    kernel.signatures[key] = known
-    return known
-
-
 class Graph:
     """A task graph: tasks, the data they touch, and the edges between them.
 
-    ``name`` names it in messages and traces. Record tasks inside ``with
-    tg.Graph(name) as g:``: kernel calls on marked tiles, and ``@tg.task`` calls (see
-    the module docstring); then ``cluster.run(g)``. Inspect it with :meth:`label`,
-    :meth:`to_networkx`, :meth:`critical_path` and :meth:`preview`.
+    Record tasks inside ``with tg.Graph(name) as g:``: kernel calls on marked tiles,
+    and ``@tg.task`` calls (see the module docstring); then ``cluster.run(g)``.
+    Inspect it with :meth:`label`, :meth:`to_networkx`, :meth:`critical_path` and
+    :meth:`preview`.
+
+    Parameters
+    ----------
+    name:
+        Names the graph in messages, traces and reports.
     """
 
     def __init__(self, name: str = "graph"):
         self.name = name
         self.tasks: list[Task] = []
         self.data: list[Data] = []
-        self._data_index: dict[tuple, int] = {}
-        self._last_writer: list[int] = []
-        self._readers: list[list[int] | None] = []  # None: no reader since the last write
         self._values: dict[int, int] = {}  # task -> the data id of its value
-        self._order: list[int] | None = None
-        self._succ: list[list[int]] | None = None
         self._backward = False  # an explicit dependency on a later task exists
+        self._edits = 0  # explicit dependencies added: the caches below go stale
+        self._caches: dict[str, tuple[tuple[int, int], Any]] = {}
+        self._builder = recording.Builder(self)
+        # the run handle of the latest run (set by the cluster); futures ask it
+        self.last_run: Any = None
         self.results: dict[int, object] = {}
         self.result_ranks: dict[int, int] = {}
         self.fetch: Callable[[int], object] | None = None  # gets a value from an engine
-        self._marks: dict[Access, tuple[int, Ref, int]] = {}  # while recording only
-        self._refs: dict[tuple[int, int], Ref] = {}
-        self._matrices: dict[int, TiledMatrix] = {}
 
     def __getstate__(self) -> dict:
-        # what travels to the engines: the tasks and data, not results or hooks
+        # what travels to the engines: the tasks and data, not results, runs or hooks
         state = dict(self.__dict__)
-        state.update(results={}, fetch=None, _order=None, _succ=None, _marks={}, _refs={})
-        state.update(_matrices={})
+        state.update(results={}, fetch=None, last_run=None, _caches={})
         return state
 
     # -- context -------------------------------------------------------------------
 
     def __enter__(self) -> Graph:
-        if not hasattr(_stack, "graphs"):
-            _stack.graphs = []
-        _stack.graphs.append(self)
+        self._builder.open(self)
+        recording.push(self._builder)
         # Recording makes millions of small objects and no reference cycles; the
         # cyclic collector would walk the whole growing heap again and again (over
         # half the build time of a 10^6-task graph). It is paused while recording.
@@ -189,287 +164,34 @@ class Graph:
         return self
 
     def __exit__(self, *exc) -> None:
-        _stack.graphs.pop()
-        # the recording caches hold tile handles, which refer back to their matrices
-        self._marks = {}
-        self._refs = {}
-        for m in self._matrices.values():
-            m.forget_handles()
-        self._matrices = {}
+        recording.pop()
+        if recording.active() is not self._builder:  # not also open further out
+            self._builder.close()
         if self.__dict__.pop("_gc_was_enabled", True):
             gc.enable()
 
     @staticmethod
     def active() -> Graph | None:
-        graphs = getattr(_stack, "graphs", None)
-        return graphs[-1] if graphs else None
+        """The innermost graph open (``with tg.Graph():``) in this thread, or None."""
+        b = recording.active()
+        return b.graph if b is not None else None
 
     @staticmethod
     def current(what: str) -> Graph:
-        g = Graph.active()
-        if g is None:
-            raise GraphError(f"{what}() was called on tiles outside `with tg.Graph():`")
-        return g
+        """The innermost open graph; GraphError naming ``what`` (a kernel) if none is."""
+        return recording.current(what).graph
 
     # -- recording -----------------------------------------------------------------
 
-    def _data_id(self, key: tuple, tile=None, producer: int = INITIAL) -> int:
-        d = self._data_index.get(key)
-        if d is None:
-            d = len(self.data)
-            self._data_index[key] = d
-            self.data.append(Data(key, tile, producer))
-            self._last_writer.append(INITIAL)
-            self._readers.append(None)
-        return d
+    def add_kernel_task(self, kernel, args: tuple) -> TaskRef:
+        """Record ``kernel(*args)`` (marked tiles), as a kernel call inside the graph does."""
+        with self:
+            return self._builder.add_kernel_task(kernel, args)
 
-    def add_kernel_task(self, kernel, args) -> TaskRef:
-        """Record ``kernel(*args)``; every argument must be a marked tile.
-
-        This is the hot loop of building a large graph, so it works from per-mark
-        facts looked up by the mark's identity (a matrix hands out the same marks
-        for a tile while a graph is recorded): the data id, a shared :class:`Ref`,
-        and an interned signature id. The check of modes, shapes and dtypes against
-        the kernel's declaration, and the task's flops, are computed once per
-        distinct signature: a Cholesky graph has a handful, and up to millions of
-        tasks.
-        """
-        marks = self._marks
-        ds, refs, sigs = [], [], []  # (no comprehensions: each is a call before 3.12)
-        for a in args:
-            p = marks.get(a) if a.__class__ is Access else None
-            if p is None:
-                p = self._mark_facts(kernel, args, a)
-            ds.append(p[0])
-            refs.append(p[1])
-            sigs.append(p[2])
-        key = tuple(sigs)
-        known = kernel.signatures.get(key)
-        if known is None:
-            known = _check_signature(kernel, key)
-        if known[0]:
-            raise GraphError(f"task {self._kernel_label(kernel, args)}: {known[0]}")
-        if len(ds) > 1 and len(set(ds)) < len(ds):  # a tile twice
-            modes: dict[int, int] = {}
-            for ref in refs:
-                self._merge_mode(modes, ref, lambda: self._kernel_label(kernel, args))
-            return self._add(kernel, tuple(refs), None, modes, known[1])
-
-        # _add, for distinct data (no merging of modes needed)
-        tid = len(self.tasks)
-        last_writer, readers_of = self._last_writer, self._readers
-        preds: list[int] = []
-        reads, writes = [], []
-        for ref in refs:
-            d = ref.data
-            mode = ref.mode
-            last = last_writer[d]
-            if mode & 1:
-                reads.append((d, last))
-                if last >= 0:
-                    preds.append(last)  # RAW
-            if mode & 2:
-                readers = readers_of[d]
-                if readers:
-                    preds.extend(readers)  # WAR
-                elif last >= 0 and not mode & 1:
-                    preds.append(last)  # WAW
-                writes.append((d, last))
-                last_writer[d] = tid
-                readers_of[d] = None
-            else:
-                known_readers = readers_of[d]
-                if known_readers is None:
-                    readers_of[d] = [tid]
-                else:
-                    known_readers.append(tid)
-        if len(preds) > 1:
-            preds = sorted(set(preds))
-        self.tasks.append(
-            Task(tid, kernel, tuple(refs), None, tuple(reads), tuple(writes), preds, known[1])
-        )
-        self._order = self._succ = None
-        return TaskRef(self, tid)
-
-    def _mark_facts(self, kernel, args, a) -> tuple[int, Ref, int]:
-        """(data id, shared Ref, signature id) of a marked tile, remembered per mark."""
-        if a.__class__ is not Access and not isinstance(a, Access):
-            self._not_marked(kernel, args)
-        t = a.tile
-        m = t.matrix
-        d = self._data_id((m.uid, t.i, t.j), t)
-        ref = self._ref(d, a.code)
-        sig = (a.code, m.tile_shape(t.i, t.j), m.dtype)
-        sig_id = _SIGNATURES.setdefault(sig, len(_SIGNATURES))
-        facts = (d, ref, sig_id)
-        self._marks[a] = facts
-        if m.uid not in self._matrices:
-            self._matrices[m.uid] = m
-        return facts
-
-    def _ref(self, d: int, mode: int) -> Ref:
-        """The Ref of data ``d`` in ``mode``, shared by every task that uses it so."""
-        ref = self._refs.get((d, mode))
-        if ref is None:
-            ref = self._refs[d, mode] = Ref(d, mode)
-        return ref
-
-    @staticmethod
-    def _kernel_label(kernel, args) -> str:
-        return f"{kernel.name}({', '.join(repr(a.tile) for a in args)})"
-
-    @staticmethod
-    def _not_marked(kernel, args) -> None:
-        for i, a in enumerate(args):
-            if isinstance(a, Access):
-                continue
-            if hasattr(a, "matrix"):
-                hint = f"mark it: {a!r}.r, {a!r}.w or {a!r}.rw"
-            else:
-                hint = "kernels take marked tiles such as A[i, j].rw"
-            raise GraphError(
-                f"task {kernel.name}(...): argument {i + 1} ({nested.describe(a)}) is not a "
-                "marked tile; " + hint
-            )
-
-    def add_call(self, fn: TaskFunction, args, kwargs) -> Future:
-        """Record a call of a ``@tg.task`` function; returns its future."""
-        if not kwargs:
-            future = self._add_plain_call(fn, args)
-            if future is not None:
-                return future
-        tid = len(self.tasks)
-        task_fn: TaskFunction | nested.PackedCall
-        if nested.needs_packing(args, kwargs):  # futures in containers, or arrays
-            task_fn, enc_args = nested.pack(fn, args, kwargs, self._encode)
-            enc_kwargs = None
-        else:
-            encode = self._encode
-            task_fn, enc_args = fn, tuple([encode(a) for a in args])
-            enc_kwargs = {k: encode(v) for k, v in kwargs.items()} or None
-
-        def label() -> str:  # only an error message needs it
-            return f"{fn.name}#{tid}({self._args_label(task_fn, enc_args, enc_kwargs)})"
-
-        self._record(task_fn, enc_args, enc_kwargs, label, fn.cost_value)
-        # the value this task returns is data too, written by it
-        d = len(self.data)
-        self.data.append(Data(None, None, tid))
-        self._last_writer.append(tid)
-        self._readers.append(None)
-        self._values[tid] = d
-        task = self.tasks[tid]
-        task.writes = task.writes + ((d, INITIAL),)
-        return Future(self, tid)
-
-    def _add_plain_call(self, fn: TaskFunction, args) -> Future | None:
-        """The common call, recorded quickly: positional arguments that are futures
-        of this graph or constants. None if another kind of argument needs the
-        general path. A value is written once, by its task, so reading one needs
-        no list of readers (those only serve later writers)."""
-        values = self._values
-        enc, reads, preds = [], [], []
-        for a in args:
-            if a.__class__ is Future and a.graph is self:
-                d = values[a.id]
-                enc.append(Ref(d, 1))
-                reads.append((d, a.id))
-                preds.append(a.id)
-            elif a.__class__ in _CONSTANTS:
-                enc.append(a)
-            else:
-                return None
-        if len(preds) > 1:
-            unique = sorted(set(preds))
-            if len(unique) < len(preds):  # the same future twice: one read
-                reads = list(dict.fromkeys(reads))
-            preds = unique
-        tid = len(self.tasks)
-        d = len(self.data)
-        self.data.append(Data(None, None, tid))
-        self._last_writer.append(tid)
-        self._readers.append(None)
-        values[tid] = d
-        self.tasks.append(
-            Task(tid, fn, tuple(enc), None, tuple(reads), ((d, INITIAL),), preds, fn.cost_value)
-        )
-        self._order = self._succ = None
-        return Future(self, tid)
-
-    def _encode(self, a):
-        if isinstance(a, TaskRef) and not isinstance(a, Future):
-            raise GraphError(
-                f"{a!r} is a kernel task: it has no value to pass on; "
-                "pass the tiles it wrote, or use graph.add_dependency()"
-            )
-        if isinstance(a, Future):
-            if a.graph is not self:
-                raise GraphError(f"{a!r} belongs to graph {a.graph.name!r}, not {self.name!r}")
-            return Ref(self._values[a.id], 1)
-        if isinstance(a, Access):
-            return self._ref(self._data_id(a.tile.key, a.tile), a.code)
-        if hasattr(a, "matrix") and hasattr(a, "key"):  # a bare tile: read it
-            return self._ref(self._data_id(a.key, a), 1)
-        return a
-
-    def _record(self, fn, args, kwargs, label: Callable[[], str], cost: float = 1.0) -> TaskRef:
-        """Add a task; infer its edges from the data its Refs touch (modes as ints)."""
-        modes: dict[int, int] = {}
-        for r in args:
-            if r.__class__ is Ref:
-                if r.data in modes:
-                    self._merge_mode(modes, r, label)
-                else:
-                    modes[r.data] = r.mode
-        if kwargs:
-            for r in kwargs.values():
-                if r.__class__ is Ref:
-                    self._merge_mode(modes, r, label)
-        return self._add(fn, args, kwargs, modes, cost)
-
-    def _add(self, fn, args, kwargs, modes: dict[int, int], cost: float) -> TaskRef:
-        """Append the task; its edges follow from the modes of the data it touches."""
-        tid = len(self.tasks)
-        preds: set[int] = set()
-        reads, writes = [], []
-        last_writer, readers_of = self._last_writer, self._readers
-        for d, mode in modes.items():
-            last = last_writer[d]
-            if mode & 1:  # reads
-                reads.append((d, last))
-                if last != INITIAL:
-                    preds.add(last)  # RAW
-            if mode & 2:  # writes
-                readers = readers_of[d]
-                if readers:
-                    preds.update(readers)  # WAR
-                elif last != INITIAL:
-                    preds.add(last)  # WAW
-                writes.append((d, last))
-                last_writer[d] = tid
-                readers_of[d] = None
-            else:
-                known = readers_of[d]
-                if known is None:
-                    readers_of[d] = [tid]
-                else:
-                    known.append(tid)
-        preds.discard(tid)
-        self.tasks.append(
-            Task(tid, fn, args, kwargs, tuple(reads), tuple(writes), sorted(preds), cost)
-        )
-        self._order = self._succ = None
-        return TaskRef(self, tid)
-
-    def _merge_mode(self, modes: dict[int, int], r: Ref, label: Callable[[], str]) -> None:
-        seen = modes.get(r.data)
-        if seen is None:
-            modes[r.data] = r.mode
-        elif (seen | r.mode) & 2:
-            raise GraphError(
-                f"task {label()}: {self.data[r.data].label()} is both written and used "
-                "again by the same task"
-            )
+    def add_call(self, fn: TaskFunction, args: tuple, kwargs: dict) -> Future:
+        """Record ``fn(*args, **kwargs)`` for a ``@tg.task`` function; its future."""
+        with self:
+            return self._builder.add_call(fn, args, kwargs)
 
     def add_dependency(self, before: TaskRef | int, after: TaskRef | int) -> None:
         """An explicit edge: ``after`` waits for ``before``."""
@@ -485,7 +207,7 @@ class Graph:
             raise GraphError(f"task {self.label(a)} cannot depend on itself")
         if b not in self.tasks[a].preds:
             self.tasks[a].preds.append(b)
-            self._order = self._succ = None
+            self._edits += 1
             if b > a:
                 self._backward = True  # task order is no longer a topological order
 
@@ -496,6 +218,7 @@ class Graph:
 
     @property
     def ntasks(self) -> int:
+        """The number of tasks recorded."""
         return len(self.tasks)
 
     @property
@@ -505,20 +228,22 @@ class Graph:
 
     @property
     def nedges(self) -> int:
+        """The number of edges (each task's distinct predecessors, summed)."""
         return sum(len(t.preds) for t in self.tasks)
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r}: {self.ntasks} tasks, {self.nedges} edges>"
 
     def label(self, tid: int) -> str:
-        """A readable name: ``potrf(A[2,2])`` or ``simulate#7(3, <task 2>)``."""
+        """A readable name of task ``tid``: ``potrf(A[2,2])`` or ``simulate#7(3, <task 2>)``."""
         t = self.tasks[tid]
         if t.kwargs is None and all(isinstance(a, Ref) for a in t.args) and t.args:
             if all(self.data[a.data].is_tile for a in t.args):
                 return f"{t.name}({', '.join(self.data[a.data].label() for a in t.args)})"
-        return f"{t.name}#{tid}({self._args_label(t.fn, t.args, t.kwargs)})"
+        return f"{t.name}#{tid}({self.args_label(t.fn, t.args, t.kwargs)})"
 
-    def _args_label(self, fn, args, kwargs) -> str:
+    def args_label(self, fn, args: tuple, kwargs: dict | None) -> str:
+        """The arguments of a call of ``fn`` as text: tiles, ``<task 2>``, constants."""
         if isinstance(fn, nested.PackedCall):
             return fn.label([self._arg_label(a) for a in args])
         parts = [self._arg_label(a) for a in args]
@@ -531,52 +256,39 @@ class Graph:
             return repr(d.tile) if d.is_tile else f"<task {d.producer}>"
         return nested.describe(a)
 
+    # -- ordering (pure functions of the task list, cached until it changes) ---------
+
+    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        key = (len(self.tasks), self._edits)
+        hit = self._caches.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = compute()
+        self._caches[name] = (key, value)
+        return value
+
     def drop_caches(self) -> None:
         """Forget the successor lists (they are rebuilt when next needed)."""
-        self._succ = None
+        self._caches.pop("successors", None)
 
     def successors(self) -> list[list[int]]:
         """Each task's successors (computed once per shape of the graph; do not modify)."""
-        if self._succ is None:
-            succ: list[list[int]] = [[] for _ in self.tasks]
-            for t in self.tasks:
-                for p in t.preds:
-                    succ[p].append(t.id)
-            self._succ = succ
-        return self._succ
+        return self._cached("successors", lambda: order.successors(self.tasks))
 
     def order(self) -> list[int]:
         """A topological order of the tasks; raises GraphError naming a cycle."""
-        if self._order is not None:
-            return self._order
+        return self._cached("order", self._order)
+
+    def _order(self) -> list[int]:
         # recorded tasks only wait for earlier ones; an explicit edge may point back
         if not self._backward:
-            self._order = list(range(len(self.tasks)))
-            return self._order
-        indeg = [len(t.preds) for t in self.tasks]
-        succ = self.successors()
-        ready = [t for t, n in enumerate(indeg) if n == 0]
-        order = []
-        while ready:
-            t = ready.pop()
-            order.append(t)
-            for s in succ[t]:
-                indeg[s] -= 1
-                if indeg[s] == 0:
-                    ready.append(s)
-        if len(order) < len(self.tasks):
-            raise GraphError(self._cycle_message({t for t, n in enumerate(indeg) if n > 0}))
-        self._order = order
-        return order
-
-    def _cycle_message(self, stuck: set[int]) -> str:
-        import networkx as nx
-
-        sub = nx.DiGraph()
-        sub.add_edges_from((p, t) for t in stuck for p in self.tasks[t].preds if p in stuck)
-        cycle = [u for u, _ in nx.find_cycle(sub)]
-        names = " -> ".join(self.label(t) for t in cycle + cycle[:1])
-        return f"graph {self.name!r} has a cycle: {names}"
+            return list(range(len(self.tasks)))
+        found, stuck = order.topological_order(self.tasks, self.successors())
+        if stuck:
+            cycle = order.find_cycle(self.tasks, stuck)
+            names = " -> ".join(self.label(t) for t in cycle + cycle[:1])
+            raise GraphError(f"graph {self.name!r} has a cycle: {names}")
+        return found
 
     def check(self) -> None:
         """Raise GraphError if the graph cannot run (today: a cycle)."""
@@ -587,35 +299,18 @@ class Graph:
         return [t.cost for t in self.tasks]
 
     def bottom_levels(self, costs: list[float] | None = None) -> list[float]:
-        """Cost of the heaviest path from each task to the end of the graph."""
+        """Cost of the heaviest path from each task to the end of the graph, by
+        ``costs`` (one per task; default :meth:`costs`)."""
         costs = costs if costs is not None else self.costs()
-        tasks = self.tasks
-        level = [0.0] * len(tasks)  # the heaviest successor's level, until t is reached
-        for t in reversed(self.order()):
-            lv = level[t] = costs[t] + level[t]
-            for p in tasks[t].preds:
-                if level[p] < lv:
-                    level[p] = lv
-        return level
+        return order.bottom_levels(self.tasks, self.order(), costs)
 
     def critical_path(self) -> tuple[float, list[int]]:
         """(length, tasks) of the heaviest path through the graph, by task cost."""
-        if not self.tasks:
-            return 0.0, []
-        level = self.bottom_levels()
-        succ = self.successors()
-        t = max(
-            (t for t in range(len(self.tasks)) if not self.tasks[t].preds),
-            key=lambda t: (level[t], -t),
-        )
-        path = [t]
-        while succ[t]:
-            t = max(succ[t], key=lambda s: (level[s], -s))
-            path.append(t)
-        return level[path[0]], path
+        return order.critical_path(self.tasks, self.bottom_levels(), self.successors())
 
     @property
     def critical_path_length(self) -> float:
+        """The cost of the heaviest path (:meth:`critical_path`'s length)."""
         return self.critical_path()[0]
 
     def preview(self, ranks: int | None = None):
@@ -645,9 +340,11 @@ class Graph:
         return list(seen.values())
 
     def dtypes_used(self) -> set[np.dtype]:
+        """The dtypes of the tiles the graph touches."""
         return {d.tile.dtype for d in self.data if d.tile is not None}
 
     def matrices(self) -> list[TiledMatrix]:
+        """The tiled matrices whose tiles the graph touches, in order of first use."""
         seen: dict[int, TiledMatrix] = {}
         for d in self.data:
             if d.tile is not None:
@@ -657,6 +354,7 @@ class Graph:
     # -- results -------------------------------------------------------------------
 
     def result(self, tid: int):
+        """The value of task ``tid`` after a run; GraphError if it has none here."""
         if tid in self.results:
             return self.results[tid]
         if self.fetch is not None and tid in self.result_ranks:
@@ -671,6 +369,7 @@ class Graph:
 
 
 def iter_refs(task: Task) -> Iterable[Ref]:
+    """The :class:`Ref` arguments of ``task``, positional then keyword."""
     for a in task.args:
         if isinstance(a, Ref):
             yield a

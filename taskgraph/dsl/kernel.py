@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..core.errors import GraphError
+from . import builder as recording
 from .access import Access, Mode, parse_modes
-from .graph import Graph
 from .nested import describe
 from .tasks import check_timeout
 
@@ -86,11 +86,11 @@ class Kernel:
 
     def __call__(self, *args):
         if args and args[0].__class__ is Access:  # the common case when recording
-            return Graph.current(self.name).add_kernel_task(self, args)
+            return recording.current(self.name).add_kernel_task(self, args)
         for a in args:
             if isinstance(a, Access) or hasattr(a, "matrix"):
-                return Graph.current(self.name).add_kernel_task(self, args)
-        if Graph.active() is not None:
+                return recording.current(self.name).add_kernel_task(self, args)
+        if recording.active() is not None:
             self._refuse_in_graph(args)
         return self.fn(*args)
 

@@ -115,11 +115,19 @@ class Future(TaskRef):
     __slots__ = ()
 
     def result(self):
-        """The task's value (after a run of its graph); GraphError before."""
+        """The task's value, from the graph's latest run (``graph.last_run``);
+        GraphError before any run."""
+        run = self.graph.last_run
+        if run is not None:
+            return run.result(self)
         return self.graph.result(self.id)
 
     def done(self) -> bool:
-        """Whether the value is here (the graph ran, or it was fetched)."""
+        """Whether the graph's latest run is over (its values are here or can be
+        fetched); without a run handle, whether the value is here."""
+        run = self.graph.last_run
+        if run is not None:
+            return bool(run.done())
         return self.id in self.graph.results
 
 

@@ -81,6 +81,7 @@ class Tile:
 
     @property
     def r(self) -> Access:
+        """This tile marked as read by the task (``A[i, j].r``)."""
         a = self._r
         if a is None:
             a = self._r = Access(self, Mode.R, 1)
@@ -88,6 +89,7 @@ class Tile:
 
     @property
     def w(self) -> Access:
+        """This tile marked as overwritten, not read, by the task (``A[i, j].w``)."""
         a = self._w
         if a is None:
             a = self._w = Access(self, Mode.W, 2)
@@ -95,6 +97,7 @@ class Tile:
 
     @property
     def rw(self) -> Access:
+        """This tile marked as read and written by the task (``A[i, j].rw``)."""
         a = self._rw
         if a is None:
             a = self._rw = Access(self, Mode.RW, 3)
@@ -112,18 +115,22 @@ class Tile:
 
     @property
     def key(self) -> tuple[int, int, int]:
+        """``(matrix uid, i, j)``: names this tile's data in a graph."""
         return (self.matrix.uid, self.i, self.j)
 
     @property
     def shape(self) -> tuple[int, int]:
+        """The tile's shape (smaller than the others in the last row or column)."""
         return self.matrix.tile_shape(self.i, self.j)
 
     @property
     def dtype(self) -> np.dtype:
+        """The matrix's dtype."""
         return self.matrix.dtype
 
     @property
     def owner(self) -> int:
+        """The rank that stores this tile (and runs the tasks that write it)."""
         return self.matrix.owner(self.i, self.j)
 
     def __repr__(self) -> str:
@@ -250,12 +257,14 @@ class TiledMatrix:
                 yield i, j
 
     def tile_shape(self, i: int, j: int) -> tuple[int, int]:
+        """The shape of tile ``(i, j)``: ``(tile, tile)``, smaller in the last row or column."""
         if i < self._full_rows and j < self._full_cols:
             return self._full  # one shared tuple for every full tile
         m, n = self.shape
         return (min(self.tile, m - i * self.tile), min(self.tile, n - j * self.tile))
 
     def owner(self, i: int, j: int) -> int:
+        """The rank that stores tile ``(i, j)`` (by the matrix's distribution)."""
         if self._owners is not None:
             return self._owners[i][j]
         return block_cyclic_owner(i, j, self.grid)
