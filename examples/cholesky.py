@@ -11,11 +11,10 @@ graph, plans it (deterministically) and runs its own share.
 import argparse
 
 import numpy as np
-from taskgraph.kernels import gemm, potrf, syrk, trsm
 
 import taskgraph as tg
 from taskgraph.dsl.tiled import spd_dense
-from taskgraph.linalg import cholesky_residual
+from taskgraph.linalg import cholesky, cholesky_residual
 
 p = argparse.ArgumentParser()
 p.add_argument("--n", type=int, default=2048)
@@ -27,15 +26,7 @@ args = p.parse_args()
 cluster = tg.Cluster()
 A = tg.TiledMatrix.random_spd(args.n, tile=args.tile, dtype=args.dtype)
 
-with tg.Graph("cholesky") as g:  # the sequential loop, with access marks
-    for k in range(A.nt):
-        potrf(A[k, k].rw)
-        for m in range(k + 1, A.nt):
-            trsm(A[k, k].r, A[m, k].rw)
-        for m in range(k + 1, A.nt):
-            syrk(A[m, k].r, A[m, m].rw)
-            for n in range(k + 1, m):
-                gemm(A[m, k].r, A[n, k].r, A[m, n].rw)
+g = cholesky(A)  # the sequential loop with access marks, in taskgraph.linalg
 
 run = cluster.run(g)  # returns at once
 run.wait()  # raises, on every rank, if any rank failed

@@ -134,17 +134,10 @@ QUICKSTART = [
 
         Write the loop of the algorithm and mark how each task uses each tile;
         read-after-write, write-after-read and write-after-write dependencies are
-        inferred. The matrix is made on the engines, each engine only its own tiles
-        (2-D block-cyclic).
-        """
-    ),
-    code(
-        """
-        from taskgraph.kernels import gemm, potrf, syrk, trsm
+        inferred. `taskgraph.linalg.cholesky(A)` is this loop:
 
-        A = tg.TiledMatrix.random_spd(N, tile=TILE, cluster=cluster)
-
-        with tg.Graph("cholesky") as chol:
+        ```python
+        with tg.Graph("cholesky") as g:
             for k in range(A.nt):
                 potrf(A[k, k].rw)
                 for m in range(k + 1, A.nt):
@@ -153,6 +146,18 @@ QUICKSTART = [
                     syrk(A[m, k].r, A[m, m].rw)
                     for n in range(k + 1, m):
                         gemm(A[m, k].r, A[n, k].r, A[m, n].rw)
+        ```
+
+        The matrix is made on the engines, each engine only its own tiles (2-D
+        block-cyclic).
+        """
+    ),
+    code(
+        """
+        from taskgraph.linalg import cholesky
+
+        A = tg.TiledMatrix.random_spd(N, tile=TILE, cluster=cluster)
+        chol = cholesky(A)
 
         print(A)
         print(chol)
