@@ -88,27 +88,38 @@ def _make_potrf(routine: Callable, dtype: np.dtype, name: str) -> Callable:
     return _named(potrf_tile, name)
 
 
-def _make_trsm(routine: Callable, dtype: np.dtype, name: str) -> Callable:
-    def trsm_tile(l, b):  # noqa: E741 - L, the factor, as in LAPACK
-        """b <- b · L⁻ᵀ, L the lower triangle of ``l`` (?trsm side R, uplo L, trans T)."""
-        opts = np.empty(4, np.int8)
-        opts[0] = _R
-        opts[1] = _L
-        opts[2] = _T
-        opts[3] = _N
-        ints = np.empty(4, np.int32)  # m, n, ldl, ldb
-        ints[0] = b.shape[0]
-        ints[1] = b.shape[1]
-        ints[2] = _ld(l)
-        ints[3] = _ld(b)
-        alpha = np.ones(1, dtype)
-        routine(
-            opts.ctypes, opts[1:].ctypes, opts[2:].ctypes, opts[3:].ctypes,
-            ints.ctypes, ints[1:].ctypes, alpha.ctypes,
-            l.ctypes, ints[2:].ctypes, b.ctypes, ints[3:].ctypes,
-        )  # fmt: skip
+def trsm_maker(side: int, uplo: int, trans: int, diag: int) -> Callable:
+    """A factory ``make(routine, dtype, name="trsm")`` of jitted ?trsm tile functions
+    with these option codes and alpha 1: ``b <- op(a)⁻¹ b`` (side L) or ``b op(a)⁻¹``
+    (side R), op(a) being a's ``uplo`` triangle, transposed if ``trans`` is T."""
 
-    return _named(trsm_tile, name)
+    def make(routine: Callable, dtype: np.dtype, name: str = "trsm") -> Callable:
+        def trsm_tile(a, b):
+            """?trsm(side, uplo, trans, diag) with alpha 1 on tiles ``a`` and ``b`` (in place)."""
+            opts = np.empty(4, np.int8)
+            opts[0] = side
+            opts[1] = uplo
+            opts[2] = trans
+            opts[3] = diag
+            ints = np.empty(4, np.int32)  # m, n, lda, ldb
+            ints[0] = b.shape[0]
+            ints[1] = b.shape[1]
+            ints[2] = _ld(a)
+            ints[3] = _ld(b)
+            alpha = np.ones(1, dtype)
+            routine(
+                opts.ctypes, opts[1:].ctypes, opts[2:].ctypes, opts[3:].ctypes,
+                ints.ctypes, ints[1:].ctypes, alpha.ctypes,
+                a.ctypes, ints[2:].ctypes, b.ctypes, ints[3:].ctypes,
+            )  # fmt: skip
+
+        return _named(trsm_tile, name)
+
+    return make
+
+
+# b <- b · L⁻ᵀ, L the lower triangle of the first tile (side R, uplo L, trans T)
+_make_trsm = trsm_maker(_R, _L, _T, _N)
 
 
 def _make_syrk(routine: Callable, dtype: np.dtype, name: str) -> Callable:

@@ -37,7 +37,7 @@ from numba import types
 from taskgraph.dsl.kernel import Kernel
 
 from . import _lapack
-from .cholesky import _ld, _shape
+from .cholesky import _ld, _shape, trsm_maker
 
 __all__ = [
     "getrf_nopiv",
@@ -92,32 +92,6 @@ def jacobi_tile(c, north, south, west, east, out):
             out[i, j] = 0.25 * (up + down + left + right)
 
 
-def _make_trsm(side: int, uplo: int, diag: int) -> Callable:
-    def make(routine: Callable, dtype: np.dtype) -> Callable:
-        def trsm_tile(a, b):
-            """?trsm(side, uplo, 'N', diag) with alpha 1: b <- op(a)⁻¹ b or b op(a)⁻¹."""
-            opts = np.empty(4, np.int8)
-            opts[0] = side
-            opts[1] = uplo
-            opts[2] = _N
-            opts[3] = diag
-            ints = np.empty(4, np.int32)  # m, n, lda, ldb
-            ints[0] = b.shape[0]
-            ints[1] = b.shape[1]
-            ints[2] = _ld(a)
-            ints[3] = _ld(b)
-            alpha = np.ones(1, dtype)
-            routine(
-                opts.ctypes, opts[1:].ctypes, opts[2:].ctypes, opts[3:].ctypes,
-                ints.ctypes, ints[1:].ctypes, alpha.ctypes,
-                a.ctypes, ints[2:].ctypes, b.ctypes, ints[3:].ctypes,
-            )  # fmt: skip
-
-        return numba.njit(nogil=True)(trsm_tile)
-
-    return make
-
-
 def _make_gemm_nn(routine: Callable, dtype: np.dtype) -> Callable:
     def gemm_nn_tile(a, b, c):
         """c <- c − a·b (?gemm transa N, transb N, alpha −1, beta 1)."""
@@ -146,8 +120,8 @@ def _make_gemm_nn(routine: Callable, dtype: np.dtype) -> Callable:
 #               BLAS routine name, arguments only read, return type)
 _OPS: dict[str, tuple] = {
     "getrf_nopiv": (getrf_nopiv_tile, None, (False,), types.int64),
-    "trsm_lower_unit": (_make_trsm(_L, _L, _U), "trsm", (True, False), types.void),
-    "trsm_upper_right": (_make_trsm(_R, _U, _N), "trsm", (True, False), types.void),
+    "trsm_lower_unit": (trsm_maker(_L, _L, _N, _U), "trsm", (True, False), types.void),
+    "trsm_upper_right": (trsm_maker(_R, _U, _N, _N), "trsm", (True, False), types.void),
     "gemm_nn": (_make_gemm_nn, "gemm", (True, True, False), types.void),
     "jacobi_step": (jacobi_tile, None, (True,) * 5 + (False,), types.void),
 }
