@@ -172,11 +172,33 @@ def test_futures_are_fetched_only_when_asked(cluster):
         parts = [square(i) for i in range(20)]
         s = total(*parts)
     run = cluster.run(g).wait()
-    assert g.results == {}, "nothing comes back until asked for"
+    assert run.values == {}, "nothing comes back until asked for"
     assert s.result() == sum(i * i for i in range(20))
     assert parts[3].result() == 9
-    assert set(g.results) == {s.id, parts[3].id}
+    assert set(run.values) == {s.id, parts[3].id}
     assert run.result() == s.result()
+    assert run.stats.tasks == 21 and run.state() == "done"
+
+
+def test_two_runs_of_one_graph_keep_their_own_values(cluster):
+    @tg.task
+    def summed(x, k):
+        return float(x.sum()) + k
+
+    @tg.task
+    def total(*xs):
+        return sum(xs)
+
+    x = np.ones(4)
+    with tg.Graph("twice") as g:
+        parts = [summed(x, k) for k in range(2)]
+        s = total(*parts)
+    first = cluster.run(g).wait()
+    x[:] = 2  # the second run's input (the graph goes to the engines with each run)
+    second = cluster.run(g).wait()
+    assert (first.result(parts[1]), first.result(s), first.result()) == (5.0, 9.0, 9.0)
+    assert (second.result(parts[1]), second.result(s)) == (9.0, 17.0)
+    assert s.result() == 17.0 and parts[0].result() == 8.0
 
 
 def test_progress_and_events_arrive_while_the_run_goes_on(cluster):
@@ -234,10 +256,13 @@ def test_cancel_stops_every_engine_quickly(cluster):
     run = cluster.run(g)
     time.sleep(1.0)
     t0 = time.monotonic()
-    run.cancel()
-    with pytest.raises(tg.RunError, match="interrupted"):
+    run.cancel("changed my mind")
+    with pytest.raises(tg.RunError, match=r"interrupted.*\(changed my mind\)"):
         run.wait(timeout=30)
     assert time.monotonic() - t0 < 5
+    assert run.state() == "failed" and "failed" in repr(run)
+    with pytest.raises(tg.RunError, match="changed my mind"):
+        run.wait()  # the error stays with the run
     g2, B2 = naps(cluster, 1)
     cluster.run(g2).wait()
     assert np.all(B2.gather() == 1.0)

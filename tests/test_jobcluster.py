@@ -201,3 +201,49 @@ def test_task_timeout_ends_a_stuck_run_on_every_rank(mpirun, tmp_path):
         assert seconds < 30 and "timed out after 1 s" in stopped, stopped
         assert re.search(r"nap#\d", stopped), stopped
         assert said(out, rank, "after") == ["55"]
+
+
+TWO_RUNS = """
+import numpy as np
+
+@tg.task
+def summed(x, k):
+    return float(x.sum()) + k
+
+x = np.ones(4)
+with tg.Graph("twice") as g:
+    parts = [summed(x, k) for k in range(2)]
+    s = total(*parts)
+"""
+
+
+def test_two_runs_of_one_graph_keep_their_own_values(mpirun, tmp_path):
+    out = run_script(
+        mpirun,
+        tmp_path,
+        TWO_RUNS
+        + """
+c = tg.Cluster()
+first = c.run(g).wait()
+x[:] = 2  # the second run's input
+second = c.run(g).wait()
+say("first", first.result(parts[1]), first.result(s), first.result())
+say("second", second.result(parts[1]), second.result(s), s.result(), parts[0].result())
+""",
+    )
+    for rank in (0, 1):
+        assert said(out, rank, "first") == ["5.0 9.0 9.0"], out
+        assert said(out, rank, "second") == ["9.0 17.0 17.0 8.0"], out
+
+
+def test_two_runs_of_one_graph_keep_their_own_values_in_process():
+    space: dict = {}
+    exec(PRELUDE + TWO_RUNS, space)
+    g, x, parts, s = (space[k] for k in ("g", "x", "parts", "s"))
+    c = space["tg"].Cluster()
+    first = c.run(g).wait()
+    x[:] = 2
+    second = c.run(g).wait()
+    assert (first.result(parts[1]), first.result(s)) == (5.0, 9.0)
+    assert (second.result(parts[1]), second.result(s)) == (9.0, 17.0)
+    assert s.result() == 17.0 and g.last_run is second
