@@ -219,10 +219,10 @@ def test_two_workers_share_short_kernels_only_where_they_run_without_the_gil(nog
     kernels' limit and a quarter of ``PARK`` (a task that old is helped with); the
     other limit raised to 5 ms, so that neither is near a task."""
     import taskgraph as tg
-    from taskgraph.run import executor
+    from taskgraph.run import tuning
 
-    monkeypatch.setattr(executor, "SHORT_TASK", 5e-3)
-    spin, steps = spin_kernel(2.5e6 * executor.SHORT_KERNEL)
+    monkeypatch.setattr(tuning, "SHORT_TASK", 5e-3)
+    spin, steps = spin_kernel(2.5e6 * tuning.SHORT_KERNEL)
     kernel = tg.kernel(lambda x: spin(x, steps), modes="rw", name="spin", nogil=nogil)
     X = tg.TiledMatrix.zeros((2000, 1), 1, name="X")
     with tg.Graph("spin") as g:

@@ -1,0 +1,349 @@
+"""The worker threads of one rank's run: take the ready task of highest priority, run
+it (the GIL released in a kernel), then, under the lock, count down its successors and
+post its sends (or hand them to the progress thread).
+
+Cooperative progress: an idle worker that waits for a message polls the network itself
+(:meth:`WorkerLoop._idle_poll`), so the worker that runs the released task is the one
+that finds the message, and runs it at once where it can
+(:mod:`taskgraph.run.direct`). It polls back to back for ``spin`` seconds after the
+last message (longer by ``spin_per_byte`` per byte of the receives it waits for), then
+backs off (:func:`~taskgraph.run.comm.next_sleep`). With several workers and short
+tasks (under ``short_task`` on average), one worker runs them and the others park
+(:meth:`WorkerLoop._park`): Python runs one thread at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..dsl.tasks import Ref
+from ..trace.events import TASK_DONE, TASK_FAILED
+from . import comm as commlib
+from .direct import DirectRun, Staged
+from .schedstate import DONE
+
+
+class _Staging:
+    """An idle poll's staged task: the receive it was last staged (or tried) for,
+    and the task staged (:meth:`~taskgraph.run.direct.DirectPath.stage`), if any."""
+
+    __slots__ = ("staged", "tried")
+
+    def __init__(self) -> None:
+        self.tried: object = None
+        self.staged: Staged | None = None
+
+
+class WorkerLoop:
+    """The executor's worker-thread methods (a mixin of
+    :class:`~taskgraph.run.executor.Executor`: its fields are the executor's,
+    documented there)."""
+
+    def _worker(self: Any, index: int) -> None:
+        lock = self.lock
+        sched, tr = self.sched, self.transfers
+        ready = sched.ready
+        now = self.trace.clock
+        waits = self.trace.waits  # (trace.waited, inline: it is on a message's path)
+        multi = self.net.size > 1
+        lock.acquire()
+        try:
+            while True:
+                if not ready and not self.stopping:
+                    # waiting on the network if a task here still needs a message
+                    on_network = tr.recvs_left > 0
+                    t_idle = now()
+                    if on_network and multi and self.pollers == 0:
+                        # poll for it here; waking the progress thread now would only
+                        # make the two take the network token from each other
+                        if not self._idle_poll(index):
+                            return
+                    else:
+                        self.wake.set()  # the progress thread should poll sooner
+                    while not ready and not self.stopping:
+                        self.waiting += 1
+                        lock.wait()
+                        self.waiting -= 1
+                    waits[index][0 if on_network else 1] += now() - t_idle
+                if self.stopping:
+                    return
+                if self._running and self.mean_task < self.tuning.short_task:
+                    if self._park(index):
+                        continue  # another worker ran the tasks meanwhile: look again
+                t = sched.pop()
+                self._running += 1
+                self.current[index] = t
+                self.started[index] = start = now()
+                lock.release()
+                if multi and t in self._long:
+                    self.wake.set()  # the progress thread polls while this task runs
+                if not self._run_task(index, t, start):
+                    return
+        finally:
+            lock.release()
+
+    def _run_task(self: Any, index: int, t: int, start: float) -> bool:
+        """Run task t popped by worker ``index`` (lock not held on entry, held on
+        exit), post its sends and count down; False if the worker should stop."""
+        lock, tr = self.lock, self.transfers
+        try:
+            value = self._call(t)
+            if t in self._pickle_here:  # a value another rank (or every one) reads
+                self.pickled[t] = commlib.dumps(value)
+        except BaseException as exc:  # noqa: BLE001 - reported to every rank
+            lock.acquire()
+            if index in self._abandoned:
+                return False  # the run ended without this task: touch nothing
+            self._running -= 1
+            self.trace.task(t, index, start, self.trace.clock(), TASK_FAILED)
+            self._fail(t, exc)
+            return False
+        if index in self._abandoned:  # back after the run ended without it
+            lock.acquire()
+            return False
+        end = self.trace.clock()
+        multi = self.net.size > 1
+        # its sends first, if the network is free: they are the critical path of
+        # another rank, the bookkeeping below is not
+        sent = False
+        if multi and t in self.plan.sends:
+            try:
+                sent = tr.post_now(t)
+            except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                lock.acquire()
+                self._running -= 1
+                self._fail(None, exc)
+                return False
+        lock.acquire()
+        self._running -= 1
+        self.started[index] = 0.0
+        self.current[index] = -1
+        # capped: a tiny task that waited for the GIL mid-way must not count as long
+        short = self.tuning.short_task
+        self.mean_task += 0.1 * (min(end - start, 2 * short) - self.mean_task)
+        self.trace.task(t, index, start, end, TASK_DONE)
+        try:
+            self._finish(t, value, sent)
+        except BaseException as exc:  # noqa: BLE001 - a runtime bug: fail loudly
+            self._fail(t, exc, running=False)
+            return False
+        if tr.outbox and multi:  # post this task's sends now
+            lock.release()
+            try:
+                if tr.try_poll() is None:  # another thread polls: hand over
+                    self.wake.set()
+            except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                lock.acquire()
+                self._fail(None, exc)
+                return False
+            lock.acquire()
+        return True
+
+    def _park(self: Any, index: int) -> bool:
+        """Leave the ready tasks to the worker running short ones, until one of its
+        tasks runs longer than ``park``. Lock held; True if this worker waited."""
+        now = self.trace.clock
+        t0 = now()
+        parked = False
+        ready, park, short = self.sched.ready, self.tuning.park, self.tuning.short_task
+        while ready and not self.stopping and self.mean_task < short:
+            busy = [s for s in self.started if s]
+            # (its age counted from when this worker began to wait: before, this
+            # worker held the GIL, and the other's task may only have waited for it)
+            if not busy or now() - max(min(busy), t0) > park:
+                break  # no worker runs a task, or one runs long: take a task
+            parked = True
+            self.waiting += 1
+            self.lock.wait(park)
+            self.waiting -= 1
+        if parked:
+            self.trace.waited(index, now() - t0, False)
+        return parked
+
+    def _call(self: Any, t: int):
+        task = self.graph.tasks[t]
+        reads, fetch, local = task.reads, self._fetch, self._tile_arrays
+        args = []  # a loop, not a comprehension: that is a function call of its own
+        for a in task.args:
+            if a.__class__ is Ref:
+                arr = local.get(a.data)  # a local tile seen before: no call
+                args.append(fetch(a.data, reads) if arr is None else arr)
+            else:
+                args.append(a)
+        if task.kwargs:
+            kwargs = {
+                k: fetch(v.data, reads) if v.__class__ is Ref else v for k, v in task.kwargs.items()
+            }
+            return task.fn.fn(*args, **kwargs)
+        return task.fn.fn(*args)
+
+    def _fetch(self: Any, d: int, reads: tuple):
+        """The local array or value of the data a task uses (``reads``: the
+        versions it reads)."""
+        arr = self._tile_arrays.get(d)
+        if arr is not None:
+            return arr
+        if d not in self._remote_tiles:
+            item = self.graph.data[d]
+            tile = item.tile
+            if tile is not None:
+                arr = tile.matrix.tiles.get((tile.i, tile.j))
+                if arr is not None:
+                    self._tile_arrays[d] = arr  # (tiles are made with their matrix)
+                    return arr
+                self._remote_tiles.add(d)  # another rank's: received, every time
+            elif item.producer in self.values:
+                return self.values[item.producer]
+        received = self.transfers.received
+        for data, producer in reads:  # received: the version this task reads
+            if data == d:
+                return received[d, producer]
+        raise KeyError(f"task reads data {d} but no version of it")
+
+    def _finish(self: Any, t: int, value, sent: bool = False) -> None:
+        """Task t ended well: count down what waited for it (``sent``: its sends are
+        taken already). Lock held."""
+        tr, sched = self.transfers, self.sched
+        if tr.recv_rows:
+            tr.record_receives()
+        sched.move(t, DONE)
+        task = self.graph.tasks[t]
+        fn = task.fn
+        keep = self._keeps_value.get(fn)
+        if keep is None:  # a kernel writes its tiles; a plain function returns a value
+            keep = self._keeps_value[fn] = not hasattr(fn, "modes")
+        if keep:
+            self.values[t] = value
+        woken = sched.count_down(self.plan.successors[t])
+        if tr.refs:  # received data this task was among the last to read
+            tr.release_reads(task.reads)
+        if woken > 1 and self.waiting:
+            self.lock.notify(woken - 1)  # this worker takes one itself
+        if not sent and t in self.plan.sends:
+            tr.outbox.append(t)  # the worker posts them itself if it can (see _worker)
+            if self.net.size == 1:
+                self.wake.set()
+        if sched.done == sched.ntasks:
+            self.wake.set()
+
+    def _idle_poll(self: Any, index: int) -> bool:
+        """An idle worker polls for the message it waits for. Lock held on entry and
+        exit; False if the network failed (the run is then failing).
+
+        Polls back to back for ``spin`` seconds after the last message (plus
+        ``spin_per_byte`` per byte of the receives posted), then backs off, as the
+        progress thread does; stops as soon as a task is ready, and hands polling back
+        to the progress thread (:meth:`_poll_held` does one poll)."""
+        lock, tr, stats, tuning = self.lock, self.transfers, self.stats, self.tuning
+        ready = self.sched.ready
+        clock = time.perf_counter
+        self.pollers += 1
+        sleep, last = 0.0, clock()
+        staging = _Staging()
+        try:
+            while not ready and not self.stopping and tr.recvs_left > 0:
+                lock.release()
+                got = False
+                ran = None
+                if tr.token.acquire(blocking=False):  # (try_poll, inline)
+                    try:
+                        got, ran = self._poll_held(index, staging)
+                    except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                        lock.acquire()
+                        self._fail(None, exc)
+                        return False
+                if ran is not None:
+                    self.direct_done(index, ran)  # (returns with the lock held)
+                    sleep, last = 0.0, clock()
+                    continue
+                if got:
+                    lock.acquire()
+                    if ready:
+                        break  # (the clock below is on a message's way)
+                    sleep, last = 0.0, clock()
+                elif clock() - last < tuning.spin + tr.posted_bytes * tuning.spin_per_byte:
+                    # a message came moments ago: the next is likely close. Longer for
+                    # large messages: a rank asleep when one comes stalls its transfer.
+                    # A core to another thread every 4th time (a sched_yield costs a
+                    # quarter of an idle poll)
+                    spins = stats.spins = stats.spins + 1
+                    if not spins & 3:
+                        os.sched_yield()
+                    lock.acquire()
+                else:
+                    lock.acquire()  # nothing came for a while
+                    sleep = commlib.next_sleep(sleep, clock() - last, tuning.poll_max)
+                    stats.sleeps += 1
+                    self.waiting += 1
+                    lock.wait(sleep)
+                    self.waiting -= 1
+        finally:
+            if tr.outbox or (not ready and not self.stopping):
+                # no message left to wait for (sends may still be out), or a task's
+                # sends wait for the token
+                self.wake.set()
+            # for a task, the progress thread is woken only if the task is long (see
+            # _worker), or takes over within polled_sleep: a short task has this worker
+            # back polling before it would matter
+            self.pollers -= 1
+        return True
+
+    def _poll_held(self: Any, index: int, staging: _Staging) -> tuple[bool, DirectRun | None]:
+        """One poll of an idle worker that took the token (released before this
+        returns or raises): (whether anything happened, the task run the moment its
+        tile landed, if one was). Lock not held.
+
+        Where the oldest receive releases a task, the worker stages it first (once per
+        receive, and again whenever counters moved), then tests that receive alone,
+        and every 4th time the rest of the network too and that receive once more; the
+        moment it lands (in any of those calls) the worker runs the task."""
+        tr = self.transfers
+        token = tr.token
+        try:
+            got = False
+            active = tr.recvs_active
+            if active and active[0] is not staging.tried and not self.sched.ready:
+                staging.tried = active[0]
+                staging.staged = self.stage(staging.tried)
+            staged = staging.staged
+            if staged is None or not active or active[0] is not staged.req:
+                if tr.poll(True):
+                    got, staging.tried = True, None
+                token.release()
+                return got, None
+            waits, stats = self.sched.waits, self.stats
+            t = staged.task
+            if tr.sends_active and waits[t] > 1:
+                got = tr.test_sends()  # (a send the task waits for)
+            landed = staged.req.Test()
+            if not landed and stats.polls & 3 != 3:
+                stats.polls += 1
+            elif not landed:
+                # every 4th time, the rest of the network too, and then this receive
+                # again: a tile that lands during one of those calls is still taken
+                # here (at polls = 3 mod 4: poll counts itself, and probes every time
+                # it brings the count to 0 mod 8)
+                got = tr.poll(True, skip_oldest=True) or got
+                landed = staged.req.Test()
+        except BaseException:
+            token.release()
+            raise
+        if not landed:
+            token.release()
+            return got, None
+        staging.staged = None
+        try:
+            done_at = time.perf_counter()
+            if waits[t] > 1 and tr.sends_active:
+                # the test that landed the tile may have completed the send too
+                got = tr.test_sends() or got
+            if waits[t] != 1:  # a send it waits for is still out: as usual
+                got = tr.received_at([0], done_at) or got
+                token.release()
+                return got, None
+        except BaseException:
+            token.release()
+            raise
+        return got, self.run_direct(index, staged, done_at)  # (it releases the token)
