@@ -35,7 +35,8 @@ class Mode(enum.IntFlag):
 
     @classmethod
     def parse(cls, text: str) -> Mode:
-        """The mode a mark names (``"r"``, ``"w"``, ``"rw"``, any case); ValueError else."""
+        """The mode the mark ``text`` names (``"r"``, ``"w"``, ``"rw"``, any case);
+        ValueError else."""
         try:
             return {"r": cls.R, "w": cls.W, "rw": cls.RW}[text.strip().lower()]
         except KeyError:

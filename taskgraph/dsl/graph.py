@@ -243,7 +243,8 @@ class Graph:
         return f"{t.name}#{tid}({self.args_label(t.fn, t.args, t.kwargs)})"
 
     def args_label(self, fn, args: tuple, kwargs: dict | None) -> str:
-        """The arguments of a call of ``fn`` as text: tiles, ``<task 2>``, constants."""
+        """The arguments of a call of ``fn`` as text: the encoded ``args`` and ``kwargs``
+        (None: none) shown as tiles, ``<task 2>`` and constants."""
         if isinstance(fn, nested.PackedCall):
             return fn.label([self._arg_label(a) for a in args])
         parts = [self._arg_label(a) for a in args]

@@ -105,7 +105,8 @@ class Kernel:
     # -- pure checks, used when a task is recorded -------------------------------------
 
     def check(self, modes: Sequence[Mode], shapes: Sequence[tuple], dtypes: Sequence) -> str:
-        """Return "" if the arguments fit the declaration, else what is wrong."""
+        """ "" if arguments of these ``modes``, ``shapes`` and ``dtypes`` (one each per
+        argument) fit the declaration, else what is wrong."""
         if len(modes) != len(self.modes):
             return f"{self.name} takes {len(self.modes)} tiles, got {len(modes)}"
         for i, (given, declared) in enumerate(zip(modes, self.modes)):
@@ -127,7 +128,8 @@ class Kernel:
         return ""
 
     def sizes(self, shapes: Sequence[tuple]) -> dict[str, int]:
-        """The size of every named dimension, e.g. ``{"m": 512, "k": 256}``."""
+        """The size of every named dimension, from the arguments' ``shapes``, e.g.
+        ``{"m": 512, "k": 256}``."""
         out: dict[str, int] = {}
         for spec, shape in zip(self.dims or (), shapes):
             for letter, size in zip(spec, shape):
@@ -135,7 +137,8 @@ class Kernel:
         return out
 
     def cost(self, shapes: Sequence[tuple]) -> float:
-        """Floating-point operations of one call (1.0 when undeclared)."""
+        """Floating-point operations of one call on tiles of these ``shapes`` (1.0 when
+        undeclared)."""
         if self.flops_fn is None:
             return 1.0
         return float(self.flops_fn(**self.sizes(shapes)))

@@ -319,7 +319,7 @@ class TiledMatrix:
         )
 
     def local(self, i: int, j: int) -> np.ndarray:
-        """The array of a tile this rank owns."""
+        """The array of tile ``(i, j)``, which this rank owns; KeyError naming its owner."""
         try:
             return self.tiles[i, j]
         except KeyError:
@@ -331,8 +331,9 @@ class TiledMatrix:
 
     @classmethod
     def from_function(cls, shape, tile, fn: Callable, dtype=np.float64, **kw) -> TiledMatrix:
-        """Each owner fills its tiles with ``fn(i, j, tile_shape)`` (on the engines too);
-        ``kw`` as for :class:`TiledMatrix`."""
+        """A ``shape`` matrix in tiles of ``tile`` and ``dtype``, each owner filling its
+        tiles with ``fn(i, j, tile_shape)`` (on the engines too); ``kw`` as for
+        :class:`TiledMatrix`."""
         a = cls(shape, tile, dtype, **kw)
         if a.remote:
             a.cluster.build_matrix(a, fn)
@@ -342,12 +343,14 @@ class TiledMatrix:
 
     @classmethod
     def zeros(cls, shape, tile, dtype=np.float64, **kw) -> TiledMatrix:
-        """A matrix of zeros; ``kw`` as for :class:`TiledMatrix`."""
+        """A ``shape`` matrix of zeros in tiles of ``tile`` and ``dtype``; ``kw`` as for
+        :class:`TiledMatrix`."""
         return cls.from_function(shape, tile, lambda i, j, s: 0.0, dtype, **kw)
 
     @classmethod
     def random_spd(cls, n: int, tile: int, dtype=np.float64, *, seed: int = 0, **kw):
-        """A random symmetric positive definite n x n matrix (lower tiles stored).
+        """A random symmetric positive definite n x n matrix of ``dtype`` in tiles of
+        ``tile`` (lower tiles stored).
 
         Entries off the diagonal are uniform in [0, 1), and n is added to the diagonal,
         so the matrix is strictly diagonally dominant. Every tile is generated from
