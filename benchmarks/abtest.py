@@ -2,12 +2,13 @@
 
     python -m benchmarks.abtest REF [--sizes 8 1048576] [--pairs 15]   # its own 2-rank job
 
-Loads ``taskgraph/run/executor.py`` (``taskgraph/executor.py`` before the layers) as it is
-at the git ref REF beside the working tree's
-and runs the comm suite's ping-pong chain with each in turn: pairs of runs, the two
-versions alternating, in one 2-rank job. Only the executor is swapped (the rest is the
-working tree's), so REF must be recent enough for its executor to run against today's
-other modules.
+Loads the package ``taskgraph/run`` as it is at the git ref REF (extracted with ``git
+archive``, imported as ``taskgraph._abtest_ref``, so that an executor split over several
+modules is the ref's throughout; ``taskgraph/executor.py`` alone before the layers)
+beside the working tree's, and runs the comm suite's ping-pong chain with each in turn:
+pairs of runs, the two versions alternating, in one 2-rank job. Only the run package
+is swapped (the graph, the plan and the communicator are the working tree's), so REF
+must be recent enough for its executor to run against today's other modules.
 
 Why: separate runs of one benchmark on a shared VM differ by up to 2x from one minute
 to the next (an 8-byte hop of unchanged code took 7.2 to 24 us in one afternoon), so
@@ -56,22 +57,46 @@ def layered(source: str) -> str:
     return source
 
 
+REF_PACKAGE = "taskgraph._abtest_ref"  # the ref's run package, imported beside taskgraph.run
+
+
 def load_executor(path: str):
-    """The executor module in ``path``, loaded as a module of the taskgraph package."""
-    spec = importlib.util.spec_from_file_location("taskgraph.run._executor_ab", path)
+    """The ref's executor module: ``path`` is the ref's run package (a directory,
+    imported whole as :data:`REF_PACKAGE`) or a flat-layout executor file (loaded as
+    a module of the working tree's run package)."""
+    if os.path.isdir(path):
+        spec = importlib.util.spec_from_file_location(
+            REF_PACKAGE, os.path.join(path, "__init__.py"), submodule_search_locations=[path]
+        )
+        name = REF_PACKAGE
+    else:
+        spec = importlib.util.spec_from_file_location("taskgraph.run._executor_ab", path)
+        name = ""
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    if name:
+        module = importlib.import_module(f"{name}.executor")
     return module
+
+
+def ref_modules() -> list[str]:
+    """The modules of the ref's run package that are loaded (proof of what runs)."""
+    return sorted(m for m in sys.modules if m.startswith(REF_PACKAGE))
 
 
 def child(out: str, old_path: str, ref: str, sizes: list[int], pairs: int) -> None:
     import taskgraph.cluster.jobrun as cluster_module
     from taskgraph.run import executor as new
 
-    variants = {"ref": load_executor(old_path).Executor, "tree": new.Executor}
+    old = load_executor(old_path)
+    variants = {"ref": old.Executor, "tree": new.Executor}
+    assert old.Executor is not new.Executor and old.__file__ != new.__file__
     cluster = tg.Cluster()
+    if cluster.rank == 0:
+        print(f"abtest: ref {ref} from {old.__file__} {ref_modules()}", flush=True)
+        print(f"abtest: tree from {new.__file__}", flush=True)
     if cluster.size != 2:
         raise SystemExit(f"the ping-pong needs 2 ranks, not {cluster.size}")
     try:
@@ -83,7 +108,7 @@ def child(out: str, old_path: str, ref: str, sizes: list[int], pairs: int) -> No
             times: dict[str, list[float]] = {k: [] for k in variants}
             for i in range(pairs + 1):  # the first pair warms up, and is not counted
                 for name, executor in variants.items():
-                    cluster_module.Executor = executor
+                    cluster_module.Executor = executor  # type: ignore[misc]
                     hop = hop_seconds(cluster, X, graphs, plans)
                     if i:
                         times[name].append(hop * 1e6)
@@ -101,24 +126,15 @@ def child(out: str, old_path: str, ref: str, sizes: list[int], pairs: int) -> No
                 with open(out, "a") as f:
                     f.write(json.dumps(emit(result)) + "\n")
     finally:
-        cluster_module.Executor = new.Executor
+        cluster_module.Executor = new.Executor  # type: ignore[misc]
 
 
 def run(ref: str, sizes=(8, 1 << 20), pairs: int = 15) -> list[dict]:
     from taskgraph.cluster.launch import run_ranks
 
     root = Path(__file__).resolve().parent.parent
-    show = ["git", "show", f"{ref}:taskgraph/run/executor.py"]
-    found = subprocess.run(show, cwd=root, capture_output=True, text=True, check=False)
-    source = found.stdout
-    if found.returncode:  # a ref from before the layers
-        show[-1] = f"{ref}:taskgraph/executor.py"
-        source = layered(
-            subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
-        )
     with tempfile.TemporaryDirectory() as tmp:
-        old_path = os.path.join(tmp, "executor_ref.py")
-        Path(old_path).write_text(source)
+        old_path = extract_ref(root, ref, tmp)
         out = os.path.join(tmp, "abtest.jsonl")
         argv = ["-m", "benchmarks.abtest", ref, "--child", out, old_path, "--pairs", str(pairs)]
         argv += ["--sizes", *map(str, sizes)]
@@ -127,6 +143,23 @@ def run(ref: str, sizes=(8, 1 << 20), pairs: int = 15) -> list[dict]:
         if proc.returncode != 0:
             raise RuntimeError(f"the 2-rank A/B job failed ({proc.returncode})")
         return [json.loads(line) for line in Path(out).read_text().splitlines()]
+
+
+def extract_ref(root: Path, ref: str, tmp: str) -> str:
+    """Write the ref's run package under ``tmp`` (or, before the layers, its executor
+    with its imports layered); return its path."""
+    archive = ["git", "archive", "--format=tar", ref, "taskgraph/run"]
+    found = subprocess.run(archive, cwd=root, capture_output=True, check=False)
+    if found.returncode == 0:
+        subprocess.run(["tar", "-x", "-C", tmp], input=found.stdout, check=True)
+        return os.path.join(tmp, "taskgraph", "run")
+    show = ["git", "show", f"{ref}:taskgraph/executor.py"]  # a ref from before the layers
+    source = layered(
+        subprocess.run(show, cwd=root, capture_output=True, text=True, check=True).stdout
+    )
+    path = os.path.join(tmp, "executor_ref.py")
+    Path(path).write_text(source)
+    return path
 
 
 def main(argv=None) -> None:
