@@ -144,29 +144,38 @@ def _make_syrk(routine: Callable, dtype: np.dtype, name: str) -> Callable:
     return _named(syrk_tile, name)
 
 
-def _make_gemm(routine: Callable, dtype: np.dtype, name: str) -> Callable:
-    def gemm_tile(a, b, c):
-        """c <- c − a·bᵀ (?gemm transa N, transb T, alpha −1, beta 1)."""
-        opts = np.empty(2, np.int8)
-        opts[0] = _N
-        opts[1] = _T
-        ints = np.empty(6, np.int32)  # m, n, k, lda, ldb, ldc
-        ints[0] = a.shape[0]
-        ints[1] = b.shape[0]
-        ints[2] = a.shape[1]
-        ints[3] = _ld(a)
-        ints[4] = _ld(b)
-        ints[5] = _ld(c)
-        scalars = np.empty(2, dtype)  # alpha, beta
-        scalars[0] = -1.0
-        scalars[1] = 1.0
-        routine(
-            opts.ctypes, opts[1:].ctypes, ints.ctypes, ints[1:].ctypes, ints[2:].ctypes,
-            scalars.ctypes, a.ctypes, ints[3:].ctypes, b.ctypes, ints[4:].ctypes,
-            scalars[1:].ctypes, c.ctypes, ints[5:].ctypes,
-        )  # fmt: skip
+def gemm_maker(transb: int) -> Callable:
+    """A factory ``make(routine, dtype, name="gemm")`` of jitted ?gemm tile functions:
+    ``c <- c − a·op(b)``, op(b) being b, or bᵀ if ``transb`` is T (alpha −1, beta 1)."""
 
-    return _named(gemm_tile, name)
+    def make(routine: Callable, dtype: np.dtype, name: str = "gemm") -> Callable:
+        def gemm_tile(a, b, c):
+            """c <- c − a·op(b) (?gemm transa N, transb as made, alpha −1, beta 1)."""
+            opts = np.empty(2, np.int8)
+            opts[0] = _N
+            opts[1] = transb
+            ints = np.empty(6, np.int32)  # m, n, k, lda, ldb, ldc
+            ints[0] = c.shape[0]
+            ints[1] = c.shape[1]
+            ints[2] = a.shape[1]
+            ints[3] = _ld(a)
+            ints[4] = _ld(b)
+            ints[5] = _ld(c)
+            scalars = np.empty(2, dtype)  # alpha, beta
+            scalars[0] = -1.0
+            scalars[1] = 1.0
+            routine(
+                opts.ctypes, opts[1:].ctypes, ints.ctypes, ints[1:].ctypes, ints[2:].ctypes,
+                scalars.ctypes, a.ctypes, ints[3:].ctypes, b.ctypes, ints[4:].ctypes,
+                scalars[1:].ctypes, c.ctypes, ints[5:].ctypes,
+            )  # fmt: skip
+
+        return _named(gemm_tile, name)
+
+    return make
+
+
+_make_gemm = gemm_maker(_T)  # c <- c − a·bᵀ
 
 
 # operation -> (factory, arguments that are only read, return type)

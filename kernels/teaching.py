@@ -37,7 +37,7 @@ from numba import types
 from taskgraph.dsl.kernel import Kernel
 
 from . import _lapack
-from .cholesky import _ld, _shape, trsm_maker
+from .cholesky import _shape, gemm_maker, trsm_maker
 
 __all__ = [
     "getrf_nopiv",
@@ -92,37 +92,13 @@ def jacobi_tile(c, north, south, west, east, out):
             out[i, j] = 0.25 * (up + down + left + right)
 
 
-def _make_gemm_nn(routine: Callable, dtype: np.dtype) -> Callable:
-    def gemm_nn_tile(a, b, c):
-        """c <- c − a·b (?gemm transa N, transb N, alpha −1, beta 1)."""
-        opts = np.empty(1, np.int8)
-        opts[0] = _N
-        ints = np.empty(6, np.int32)  # m, n, k, lda, ldb, ldc
-        ints[0] = c.shape[0]
-        ints[1] = c.shape[1]
-        ints[2] = a.shape[1]
-        ints[3] = _ld(a)
-        ints[4] = _ld(b)
-        ints[5] = _ld(c)
-        scalars = np.empty(2, dtype)  # alpha, beta
-        scalars[0] = -1.0
-        scalars[1] = 1.0
-        routine(
-            opts.ctypes, opts.ctypes, ints.ctypes, ints[1:].ctypes, ints[2:].ctypes,
-            scalars.ctypes, a.ctypes, ints[3:].ctypes, b.ctypes, ints[4:].ctypes,
-            scalars[1:].ctypes, c.ctypes, ints[5:].ctypes,
-        )  # fmt: skip
-
-    return numba.njit(nogil=True)(gemm_nn_tile)
-
-
 # operation -> (factory of (BLAS routine, dtype) or a ready jitted function,
 #               BLAS routine name, arguments only read, return type)
 _OPS: dict[str, tuple] = {
     "getrf_nopiv": (getrf_nopiv_tile, None, (False,), types.int64),
     "trsm_lower_unit": (trsm_maker(_L, _L, _N, _U), "trsm", (True, False), types.void),
     "trsm_upper_right": (trsm_maker(_R, _U, _N, _N), "trsm", (True, False), types.void),
-    "gemm_nn": (_make_gemm_nn, "gemm", (True, True, False), types.void),
+    "gemm_nn": (gemm_maker(_N), "gemm", (True, True, False), types.void),
     "jacobi_step": (jacobi_tile, None, (True,) * 5 + (False,), types.void),
 }
 

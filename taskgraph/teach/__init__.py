@@ -14,19 +14,10 @@ The answer is a :class:`Feedback`: ``ok``, and a list of :class:`Finding` s, eac
 short message and a hint saying what to fix. A wrong answer never raises (a notebook
 keeps running from top to bottom); only misuse of the checker does.
 
-How the two graphs are compared (:func:`compare`, in :mod:`taskgraph.teach.compare`):
-
-* tasks are matched by (kernel name, tiles), the k-th such call with the k-th:
-  reference tasks with no match are *missing*, the student's with no match *extra*,
-  and a pair with the same kernel and written tile is one task with *wrong tiles*;
-* for matched tasks, the mark of every argument must equal the reference's (*access*);
-* every edge of the reference's transitive reduction must be a path in the student's
-  graph: if the opposite path exists the tasks run in the wrong *order*, otherwise a
-  *missing dependency*; every student edge must be a path in the reference, or it is
-  a *needless dependency* (an explicit ``add_dependency``, or a mark that writes
-  where reading is enough); updates that commute (``gemm_nn`` into one tile) may come
-  in any order;
-* a cycle is named, with the explicit dependencies on it to remove.
+How the two graphs are compared is in :mod:`taskgraph.teach.compare`: tasks matched
+by kernel and tiles, marks, dependencies against the reference's transitive reduction,
+and cycles named. The answer (:class:`Feedback`) is in :mod:`taskgraph.teach.feedback`,
+the checkers and their references in :mod:`taskgraph.teach.exercises`.
 """
 
 from __future__ import annotations
