@@ -870,10 +870,17 @@ def a_tile_of_the_wrong_shape_names_its_task_and_rank():
         assert np.all(full[2 * size :] == 2.0), (what, full)
 
 
+def run_here(name: str) -> str:
+    """Run one scenario on this rank; what it prints when it passes."""
+    SCENARIOS[name]()
+    c = cluster()
+    return f"PASS {name} {c.rank}/{c.size}"
+
+
 def main(name: str) -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("SCENARIO_TIMEOUT", "120")), exit=True)
     try:
-        SCENARIOS[name]()
+        said = run_here(name)
     except BaseException:
         # A failed check on one rank must not leave the others waiting in a collective
         # until the timeout: report it and end the whole job now.
@@ -882,8 +889,7 @@ def main(name: str) -> None:
         if cluster().size > 1:
             cluster().world.comm.Abort(1)
         raise
-    c = cluster()
-    print(f"PASS {name} {c.rank}/{c.size}", flush=True)
+    print(said, flush=True)
     faulthandler.cancel_dump_traceback_later()
 
 
