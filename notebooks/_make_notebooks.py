@@ -134,28 +134,22 @@ QUICKSTART = [
 
         Write the loop of the algorithm and mark how each task uses each tile;
         read-after-write, write-after-read and write-after-write dependencies are
-        inferred. `taskgraph.linalg.cholesky(A)` is this loop:
-
-        ```python
-        with tg.Graph("cholesky") as g:
-            for k in range(A.nt):
-                potrf(A[k, k].rw)
-                for m in range(k + 1, A.nt):
-                    trsm(A[k, k].r, A[m, k].rw)
-                for m in range(k + 1, A.nt):
-                    syrk(A[m, k].r, A[m, m].rw)
-                    for n in range(k + 1, m):
-                        gemm(A[m, k].r, A[n, k].r, A[m, n].rw)
-        ```
-
-        The matrix is made on the engines, each engine only its own tiles (2-D
+        inferred. `taskgraph.linalg.cholesky(A)` is that loop; here is its source. The
+        matrix is made on the engines, each engine only its own tiles (2-D
         block-cyclic).
         """
     ),
     code(
         """
+        import inspect
+
         from taskgraph.linalg import cholesky
 
+        print(inspect.getsource(cholesky))
+        """
+    ),
+    code(
+        """
         A = tg.TiledMatrix.random_spd(N, tile=TILE, cluster=cluster)
         chol = cholesky(A)
 
