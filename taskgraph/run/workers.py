@@ -25,17 +25,6 @@ from .direct import DirectRun, Staged
 from .schedstate import DONE
 
 
-class _Staging:
-    """An idle poll's staged task: the receive it was last staged (or tried) for,
-    and the task staged (:meth:`~taskgraph.run.direct.DirectPath.stage`), if any."""
-
-    __slots__ = ("staged", "tried")
-
-    def __init__(self) -> None:
-        self.tried: object = None
-        self.staged: Staged | None = None
-
-
 class WorkerLoop:
     """The executor's worker-thread methods (a mixin of
     :class:`~taskgraph.run.executor.Executor`: its fields are the executor's,
@@ -235,22 +224,59 @@ class WorkerLoop:
         Polls back to back for ``spin`` seconds after the last message (plus
         ``spin_per_byte`` per byte of the receives posted), then backs off, as the
         progress thread does; stops as soon as a task is ready, and hands polling back
-        to the progress thread (:meth:`_poll_held` does one poll)."""
+        to the progress thread.
+
+        Where the oldest receive releases a task, the worker stages it first (once per
+        receive, and again whenever counters moved), then tests that receive alone,
+        and every 4th time the rest of the network too and that receive once more; the
+        moment it lands (in any of those calls) the worker runs the task
+        (:meth:`_landed`). Each pass is kept tight: a large message moves as fast as
+        the two ranks call MPI (benchmarks/abtest.py, 1 MiB)."""
         lock, tr, stats, tuning = self.lock, self.transfers, self.stats, self.tuning
-        ready = self.sched.ready
+        ready, waits = self.sched.ready, self.sched.waits
+        token, active = tr.token, tr.recvs_active
+        spin, per_byte, poll_max = tuning.spin, tuning.spin_per_byte, tuning.poll_max
         clock = time.perf_counter
         self.pollers += 1
         sleep, last = 0.0, clock()
-        staging = _Staging()
+        tried = None  # the receive a task was last staged for (or tried)
+        staged: Staged | None = None
         try:
             while not ready and not self.stopping and tr.recvs_left > 0:
                 lock.release()
                 got = False
                 ran = None
-                if tr.token.acquire(blocking=False):  # (try_poll, inline)
+                if token.acquire(blocking=False):  # (try_poll, inline)
+                    held = True
                     try:
-                        got, ran = self._poll_held(index, staging)
+                        if active and active[0] is not tried and not ready:
+                            tried = active[0]
+                            staged = self.stage(tried)
+                        if staged is None or not active or active[0] is not staged.req:
+                            if tr.poll(True):
+                                got, tried = True, None
+                        else:
+                            if tr.sends_active and waits[staged.task] > 1:
+                                got = tr.test_sends()  # (a send the task waits for)
+                            landed = staged.req.Test()
+                            if not landed and stats.polls & 3 != 3:
+                                stats.polls += 1
+                            elif not landed:
+                                # the rest of the network too, and then this receive
+                                # again (at polls = 3 mod 4: poll counts itself, and
+                                # probes when it brings the count to 0 mod 8)
+                                got = tr.poll(True, skip_oldest=True) or got
+                                landed = staged.req.Test()
+                            if landed:
+                                held = False  # (_landed releases it)
+                                got, ran = self._landed(index, staged, got)
+                                staged = None
+                        if held:
+                            held = False
+                            token.release()
                     except BaseException as exc:  # noqa: BLE001 - reported to every rank
+                        if held:
+                            token.release()
                         lock.acquire()
                         self._fail(None, exc)
                         return False
@@ -263,7 +289,7 @@ class WorkerLoop:
                     if ready:
                         break  # (the clock below is on a message's way)
                     sleep, last = 0.0, clock()
-                elif clock() - last < tuning.spin + tr.posted_bytes * tuning.spin_per_byte:
+                elif clock() - last < spin + tr.posted_bytes * per_byte:
                     # a message came moments ago: the next is likely close. Longer for
                     # large messages: a rank asleep when one comes stalls its transfer.
                     # A core to another thread every 4th time (a sched_yield costs a
@@ -274,7 +300,7 @@ class WorkerLoop:
                     lock.acquire()
                 else:
                     lock.acquire()  # nothing came for a while
-                    sleep = commlib.next_sleep(sleep, clock() - last, tuning.poll_max)
+                    sleep = commlib.next_sleep(sleep, clock() - last, poll_max)
                     stats.sleeps += 1
                     self.waiting += 1
                     lock.wait(sleep)
@@ -290,60 +316,24 @@ class WorkerLoop:
             self.pollers -= 1
         return True
 
-    def _poll_held(self: Any, index: int, staging: _Staging) -> tuple[bool, DirectRun | None]:
-        """One poll of an idle worker that took the token (released before this
-        returns or raises): (whether anything happened, the task run the moment its
-        tile landed, if one was). Lock not held.
-
-        Where the oldest receive releases a task, the worker stages it first (once per
-        receive, and again whenever counters moved), then tests that receive alone,
-        and every 4th time the rest of the network too and that receive once more; the
-        moment it lands (in any of those calls) the worker runs the task."""
+    def _landed(self: Any, index: int, staged: Staged, got: bool) -> tuple[bool, DirectRun | None]:
+        """The receive a task was staged for landed (token held, released before this
+        returns or raises): run the task at once, or, if a send it waits for is still
+        out, deliver the receive as usual. Returns (whether anything happened, the
+        task's run if it ran). Lock not held."""
         tr = self.transfers
-        token = tr.token
-        try:
-            got = False
-            active = tr.recvs_active
-            if active and active[0] is not staging.tried and not self.sched.ready:
-                staging.tried = active[0]
-                staging.staged = self.stage(staging.tried)
-            staged = staging.staged
-            if staged is None or not active or active[0] is not staged.req:
-                if tr.poll(True):
-                    got, staging.tried = True, None
-                token.release()
-                return got, None
-            waits, stats = self.sched.waits, self.stats
-            t = staged.task
-            if tr.sends_active and waits[t] > 1:
-                got = tr.test_sends()  # (a send the task waits for)
-            landed = staged.req.Test()
-            if not landed and stats.polls & 3 != 3:
-                stats.polls += 1
-            elif not landed:
-                # every 4th time, the rest of the network too, and then this receive
-                # again: a tile that lands during one of those calls is still taken
-                # here (at polls = 3 mod 4: poll counts itself, and probes every time
-                # it brings the count to 0 mod 8)
-                got = tr.poll(True, skip_oldest=True) or got
-                landed = staged.req.Test()
-        except BaseException:
-            token.release()
-            raise
-        if not landed:
-            token.release()
-            return got, None
-        staging.staged = None
         try:
             done_at = time.perf_counter()
+            waits = self.sched.waits
+            t = staged.task
             if waits[t] > 1 and tr.sends_active:
                 # the test that landed the tile may have completed the send too
                 got = tr.test_sends() or got
-            if waits[t] != 1:  # a send it waits for is still out: as usual
+            if waits[t] != 1:
                 got = tr.received_at([0], done_at) or got
-                token.release()
+                tr.token.release()
                 return got, None
         except BaseException:
-            token.release()
+            tr.token.release()
             raise
         return got, self.run_direct(index, staged, done_at)  # (it releases the token)
