@@ -22,12 +22,14 @@ them out as seconds since the start.
 from __future__ import annotations
 
 import graphlib
+import json
 import time
 from typing import Any
 
 import numpy as np
 
 from ..core.files import write_atomic
+from .chrome import chrome_events
 from .report import write_report
 
 TASK_DONE, TASK_FAILED = 1, 2
@@ -159,7 +161,6 @@ class Recorder:
 # -- the merged trace of a run -------------------------------------------------------
 
 FORMAT = "taskgraph-trace/1"
-NETWORK_TID = 1000  # the Chrome "thread" of a rank's network events
 
 
 class TraceError(ValueError):
@@ -527,89 +528,11 @@ class Trace:
         an OSError (a read-only or full directory) names ``path`` and leaves any old
         file as it was.
         """
-        import json
-
         if self.only_another_rank:
             self._synced(path)
             return str(path)
 
-        events: list[dict] = []
-        for r in range(self.nranks):
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "process_name",
-                    "pid": r,
-                    "tid": 0,
-                    "args": {"name": f"rank {r}"},
-                }
-            )
-            for w in range(max(1, self.workers[r])):
-                events.append(
-                    {
-                        "ph": "M",
-                        "name": "thread_name",
-                        "pid": r,
-                        "tid": w,
-                        "args": {"name": f"worker {w}"},
-                    }
-                )
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": r,
-                    "tid": NETWORK_TID,
-                    "args": {"name": "network"},
-                }
-            )
-        for r, w, s, e, k, t, st in self.tasks:
-            events.append(
-                {
-                    "ph": "X",
-                    "name": self.labels[t],
-                    "cat": self.kernels[k],
-                    "pid": r,
-                    "tid": w,
-                    "ts": s * 1e6,
-                    "dur": (e - s) * 1e6,
-                    "args": {"task": t, "state": "failed" if st == TASK_FAILED else "done"},
-                }
-            )
-        for i, (s, d, b, tag, t0, t1) in enumerate(self.messages):
-            common = {"cat": "message", "id": i, "args": {"bytes": b, "tag": tag}}
-            events.append(
-                {
-                    "ph": "s",
-                    "name": f"{s}->{d}",
-                    "pid": s,
-                    "tid": NETWORK_TID,
-                    "ts": t0 * 1e6,
-                    **common,
-                }
-            )
-            events.append(
-                {
-                    "ph": "X",
-                    "name": f"send to {d}",
-                    "pid": s,
-                    "tid": NETWORK_TID,
-                    "ts": t0 * 1e6,
-                    "dur": max(1.0, (t1 - t0) * 1e6),
-                    **common,
-                }
-            )
-            events.append(
-                {
-                    "ph": "f",
-                    "bp": "e",
-                    "name": f"{s}->{d}",
-                    "pid": d,
-                    "tid": NETWORK_TID,
-                    "ts": t1 * 1e6,
-                    **common,
-                }
-            )
+        events = chrome_events(self, TASK_FAILED)
         doc = {"traceEvents": events, "displayTimeUnit": "ms", "taskgraph": self.to_dict()}
         try:
             return write_atomic(path, json.dumps(doc))
@@ -626,7 +549,6 @@ class Trace:
     def load(cls, path) -> Trace:
         """Read the trace that :meth:`to_chrome` wrote to ``path`` back;
         :class:`TraceError` if there is none."""
-        import json
 
         try:
             with open(path) as f:
