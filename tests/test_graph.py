@@ -815,3 +815,12 @@ def test_a_pickled_graph_leaves_its_run_and_results_behind():
     copy = pickle.loads(pickle.dumps(g))
     assert copy.last_run is None and copy.results == {}
     assert [t.preds for t in copy.tasks] == [[], [0]] and copy.order() == [0, 1]
+
+
+def test_recording_through_the_graph_outside_a_with_block_leaves_it_closed():
+    A = matrix()
+    g = tg.Graph()
+    f = g.add_call(load, (2,), {})
+    g.add_kernel_task(scale, (A[0, 0].rw,))
+    assert [t.name for t in g.tasks] == ["load", "scale"] and f.graph is g
+    assert tg.Graph.active() is None and g._builder.graph is None  # no cycle holds g

@@ -23,9 +23,10 @@ it runs (cycles through explicit dependencies), and every error names the tasks.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -185,13 +186,26 @@ class Graph:
 
     def add_kernel_task(self, kernel, args: tuple) -> TaskRef:
         """Record ``kernel(*args)`` (marked tiles), as a kernel call inside the graph does."""
-        with self:
-            return self._builder.add_kernel_task(kernel, args)
+        with self._recording() as b:
+            return b.add_kernel_task(kernel, args)
 
     def add_call(self, fn: TaskFunction, args: tuple, kwargs: dict) -> Future:
         """Record ``fn(*args, **kwargs)`` for a ``@tg.task`` function; its future."""
-        with self:
-            return self._builder.add_call(fn, args, kwargs)
+        with self._recording() as b:
+            return b.add_call(fn, args, kwargs)
+
+    @contextlib.contextmanager
+    def _recording(self) -> Iterator[recording.Builder]:
+        """The builder, open on this graph for one call if ``with graph:`` is not."""
+        b = self._builder
+        if b.graph is self:
+            yield b
+            return
+        b.open(self)
+        try:
+            yield b
+        finally:
+            b.close()
 
     def add_dependency(self, before: TaskRef | int, after: TaskRef | int) -> None:
         """An explicit edge: ``after`` waits for ``before``."""
