@@ -20,12 +20,6 @@ from ..run.executor import Stats
 from ..trace.events import Trace
 
 
-def _futures_read_last_run() -> bool:
-    """Whether a fresh Graph has ``last_run`` (its futures then read it); if not, its
-    futures read the graph's ``results`` and ``fetch`` hook, which the run sets."""
-    return hasattr(Graph("probe"), "last_run")
-
-
 class RunHandle:
     """A graph running on a cluster; returned at once by ``cluster.run(graph)``.
 
@@ -58,13 +52,7 @@ class RunHandle:
     def _own_graph(self) -> None:
         """Make this run the graph's latest: ``future.result()`` reads it. Called by a
         subclass once ``values`` is in place, when the run is made."""
-        g = self.graph
-        g.last_run = self
-        if not _futures_read_last_run():
-            g.results = self.values
-            g.result_ranks.clear()
-            g.result_ranks.update((t, self.plan.placement[t]) for t in self._valued)
-            g.fetch = self._fetch
+        self.graph.last_run = self
 
     # -- state -----------------------------------------------------------------------
 

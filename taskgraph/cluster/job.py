@@ -59,7 +59,8 @@ class JobCluster(Cluster, kind="job"):
 
     ``workers``, ``blas_threads``: as :class:`Cluster`; ``timeout`` is accepted for a
     notebook's code and means nothing here; ``fetch_timeout``: seconds a rank waits
-    for another rank's value in ``future.result()``.
+    for another rank's value in ``future.result()``; ``world_``: the ranks to use
+    instead of this job's (tests pass their own).
     """
 
     __signature__ = None  # (the real one: this __init__'s)
@@ -157,8 +158,11 @@ class JobCluster(Cluster, kind="job"):
         """Plan ``graph`` and start running it; returns a :class:`Run` at once.
 
         A run made while an earlier one is still going waits for it (its state says
-        "queued"). ``task_timeout``: seconds any task may run, unless the task has a
-        ``timeout`` of its own. On a rank outside this cluster: an :class:`IdleRun`.
+        "queued"). ``workers``, ``blas_threads``: per rank, for this run (default:
+        the cluster's); ``plan``: a plan made before (default: made now, on every
+        rank); ``trace``: record events (on by default: it is cheap); ``task_timeout``:
+        seconds any task may run, unless the task has a ``timeout`` of its own. On a
+        rank outside this cluster: an :class:`IdleRun`.
         """
         if not self.member:
             return IdleRun(self, graph, plan)
@@ -175,8 +179,8 @@ class JobCluster(Cluster, kind="job"):
         )
 
     def compile(self, dtypes=("float64", "float32")) -> float:
-        """Compile the built-in kernels on every rank now; the slowest rank's seconds.
-        Collective over the cluster's ranks (0.0 at once on the others)."""
+        """Compile the built-in kernels for ``dtypes`` on every rank now; the slowest
+        rank's seconds. Collective over the cluster's ranks (0.0 at once on the others)."""
         if self.world is None:
             return 0.0
         from taskgraph.kernels import compile_all

@@ -208,16 +208,7 @@ class Run(RunHandle):
     def _claim_values(self, ex: Executor) -> None:
         """Keep the values the executor made (this rank's and every sink's) as they
         are: a value one rank holds stays absent (``held``) until fetched."""
-        made = getattr(ex, "results", None)
-        if made is not None:
-            dict.update(self.values, made)
-            return
-        # an executor that writes graph.results; a later run of the same graph may
-        # have put its own dict there since (it waits for this one): take them back
-        written = self.graph.results
-        if written is not self.values:
-            dict.update(self.values, written)
-            dict.clear(written)
+        dict.update(self.values, ex.results)
 
     def done(self) -> bool:
         """Whether the run has ended (done or failed) on this rank."""

@@ -142,14 +142,11 @@ class Graph:
         self._builder = recording.Builder(self)
         # the run handle of the latest run (set by the cluster); futures ask it
         self.last_run: Any = None
-        self.results: dict[int, object] = {}
-        self.result_ranks: dict[int, int] = {}
-        self.fetch: Callable[[int], object] | None = None  # gets a value from an engine
 
     def __getstate__(self) -> dict:
         # what travels to the engines: the tasks and data, not results, runs or hooks
         state = dict(self.__dict__)
-        state.update(results={}, fetch=None, last_run=None, _caches={})
+        state.update(last_run=None, _caches={})
         return state
 
     # -- context -------------------------------------------------------------------
@@ -365,22 +362,6 @@ class Graph:
             if d.tile is not None:
                 seen.setdefault(d.tile.matrix.uid, d.tile.matrix)
         return list(seen.values())
-
-    # -- results -------------------------------------------------------------------
-
-    def result(self, tid: int):
-        """The value of task ``tid`` after a run; GraphError if it has none here."""
-        if tid in self.results:
-            return self.results[tid]
-        if self.fetch is not None and tid in self.result_ranks:
-            self.results[tid] = value = self.fetch(tid)
-            return value
-        if tid in self.result_ranks:
-            raise GraphError(
-                f"the value of task {self.label(tid)} lives on rank {self.result_ranks[tid]}; "
-                "only values of tasks that no other task uses are shared with every rank"
-            )
-        raise GraphError(f"task {self.label(tid)} has not run yet: run the graph first")
 
 
 def iter_refs(task: Task) -> Iterable[Ref]:

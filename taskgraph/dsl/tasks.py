@@ -11,6 +11,8 @@ import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.errors import GraphError
+
 if TYPE_CHECKING:
     from .graph import Graph
     from .tiled import Tile
@@ -116,19 +118,19 @@ class Future(TaskRef):
 
     def result(self):
         """The task's value, from the graph's latest run (``graph.last_run``);
-        GraphError before any run."""
+        GraphError before any run. A run's own values: ``run.result(future)``."""
         run = self.graph.last_run
-        if run is not None:
-            return run.result(self)
-        return self.graph.result(self.id)
+        if run is None:
+            raise GraphError(
+                f"task {self.graph.label(self.id)} has not run yet: run the graph first"
+            )
+        return run.result(self)
 
     def done(self) -> bool:
         """Whether the graph's latest run is over (its values are here or can be
-        fetched); without a run handle, whether the value is here."""
+        fetched); False before any run."""
         run = self.graph.last_run
-        if run is not None:
-            return bool(run.done())
-        return self.id in self.graph.results
+        return run is not None and bool(run.done())
 
 
 def check_timeout(timeout: float | None, what: str) -> float | None:

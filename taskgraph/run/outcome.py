@@ -169,7 +169,6 @@ class OutcomeProtocol:
         finally:
             net.close(retire=failure is not None)
         self.results = results
-        self.graph.results.update(results)  # (until the run handles keep them: B)
         if failure is not None:
             self._raise(failure)
 
