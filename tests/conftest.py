@@ -49,6 +49,17 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+def listening(proc) -> set[str]:
+    """The TCP addresses a process (psutil.Process) listens on, as "ip:port"."""
+    import psutil
+
+    try:
+        conns = proc.net_connections(kind="tcp")
+    except psutil.Error:
+        return set()
+    return {f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN}
+
+
 def assert_none_left(marker: str) -> None:
     deadline = time.monotonic() + 5
     while (left := processes_with(marker)) and time.monotonic() < deadline:

@@ -113,14 +113,7 @@ def test_engines_listen_on_no_external_address(cluster, marker):
     the engines' ZeroMQ sockets are on 127.0.0.1). Hydra's control port, which the
     engines inherit from their mpiexec, binds to every interface and is left out."""
     import psutil
-    from conftest import processes_with
-
-    def listening(p) -> set[str]:
-        try:
-            conns = p.net_connections(kind="tcp")
-        except psutil.Error:
-            return set()
-        return {f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN}
+    from conftest import listening, processes_with
 
     procs = [psutil.Process(pid) for pid in processes_with(marker)]
     launcher = set().union(*(listening(p) for p in procs if "mpiexec" in p.name()))

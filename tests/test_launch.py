@@ -92,13 +92,7 @@ def listeners(pid: int) -> tuple[set[str], set[str]]:
     """TCP addresses listened on by the launcher ``pid`` itself, and by the other
     processes under it (its proxies and the ranks) beyond those they inherited."""
     import psutil
-
-    def listening(p) -> set[str]:
-        try:
-            conns = p.net_connections(kind="tcp")
-        except psutil.Error:
-            return set()
-        return {f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN}
+    from conftest import listening
 
     root = psutil.Process(pid)
     launcher = listening(root)
