@@ -114,19 +114,24 @@ class SchedState:
     def pop(self) -> int:
         """The READY task of highest priority, now RUNNING (the heap is not empty)."""
         t = self.task_at[heapq.heappop(self.ready)]
-        self.move(t, RUNNING)
+        state = self.state
+        if not LEGAL[state[t]][RUNNING]:  # move()'s check, inline: once a task
+            self.move(t, RUNNING)  # raises
+        state[t] = RUNNING
         return t
 
     def count_down(self, tasks) -> int:
         """One event each of ``tasks`` waited for happened (a task ended, a message
         came or went); how many became READY. Called once per event, not per task."""
         woken = 0
-        waits = self.waits
+        waits, state = self.waits, self.state
         for t in tasks:
             left = waits[t] - 1
             waits[t] = left
-            if not left:  # (make_ready, one call fewer: this is on a message's way)
-                self.move(t, READY)
+            if not left:  # make_ready, inline (on a message's way): move()'s table
+                if not LEGAL[state[t]][READY]:
+                    self.move(t, READY)  # raises
+                state[t] = READY
                 heapq.heappush(self.ready, self.place[t])
                 woken += 1
         return woken
@@ -152,5 +157,8 @@ class SchedState:
         reach ``t`` before that event is counted."""
         if self.waits[t] != 1:
             raise IllegalMove(f"task {t} waits for {self.waits[t]} events, not its tile alone")
-        self.move(t, RUNNING)
+        state = self.state
+        if not LEGAL[state[t]][RUNNING]:  # move()'s check, inline: once a hop
+            self.move(t, RUNNING)  # raises
+        state[t] = RUNNING
         self.waits[t] = 0
