@@ -8,6 +8,7 @@ fails. Ranks dump their stacks (faulthandler) before their own deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -47,6 +48,24 @@ def processes_with(marker: str) -> list[int]:
         if marker.encode() in blob:
             found.append(int(entry.name))
     return found
+
+
+@contextlib.contextmanager
+def job_marker():
+    """A fresh value of ``TASKGRAPH_TEST_JOB`` in this process's environment, and so
+    in every process started meanwhile; then the old value back, and a check that
+    none of those processes is left (for fixtures wider than one test)."""
+    value = uuid.uuid4().hex
+    old = os.environ.get("TASKGRAPH_TEST_JOB")
+    os.environ["TASKGRAPH_TEST_JOB"] = value
+    try:
+        yield value
+    finally:
+        if old is None:
+            del os.environ["TASKGRAPH_TEST_JOB"]
+        else:
+            os.environ["TASKGRAPH_TEST_JOB"] = old
+    assert_none_left(value)
 
 
 def listening(proc) -> set[str]:

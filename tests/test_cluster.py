@@ -16,7 +16,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_none_left, processes_with
+from conftest import ROOT, job_marker, processes_with
 
 import taskgraph as tg
 from taskgraph.dsl.tiled import spd_dense
@@ -28,15 +28,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 @pytest.fixture(scope="module")
 def marker():
     """A value in the environment of every process the clusters here start."""
-    value = uuid.uuid4().hex
-    old = os.environ.get("TASKGRAPH_TEST_JOB")
-    os.environ["TASKGRAPH_TEST_JOB"] = value
-    yield value
-    if old is None:
-        del os.environ["TASKGRAPH_TEST_JOB"]
-    else:
-        os.environ["TASKGRAPH_TEST_JOB"] = old
-    assert_none_left(value)
+    with job_marker() as value:
+        yield value
 
 
 @pytest.fixture(scope="module")

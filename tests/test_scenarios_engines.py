@@ -10,13 +10,11 @@ engine within seconds.
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
 
 import pytest
 import scenarios
-from conftest import HERE, assert_none_left
+from conftest import HERE, job_marker
 
 import taskgraph as tg
 
@@ -31,15 +29,8 @@ NOT_ON_ENGINES = {
 @pytest.fixture(scope="module")
 def marker():
     """A value in the environment of every process the cluster here starts."""
-    value = uuid.uuid4().hex
-    old = os.environ.get("TASKGRAPH_TEST_JOB")
-    os.environ["TASKGRAPH_TEST_JOB"] = value
-    yield value
-    if old is None:
-        del os.environ["TASKGRAPH_TEST_JOB"]
-    else:
-        os.environ["TASKGRAPH_TEST_JOB"] = old
-    assert_none_left(value)
+    with job_marker() as value:
+        yield value
 
 
 class Engines:
