@@ -7,7 +7,8 @@ moment it lands runs the task and posts the task's sends before any bookkeeping
 (:meth:`DirectPath.run_direct`: a :class:`DirectRun`); the counters and the trace
 follow (:meth:`DirectPath.direct_done`). On the way from a message to the next message
 no thread hands work to another. The task moves WAITING -> RUNNING at once
-(:meth:`~taskgraph.run.schedstate.SchedState.run_at_once`).
+(:meth:`~taskgraph.run.schedstate.SchedState.run_at_once`), recorded once its sends are
+out: no other thread reaches it before, and the move is then off the message's way.
 
 While the tasks run this way are short (``direct_mean``), the task runs with the
 network token held, so that its send goes out with nothing in between; else the token
@@ -135,7 +136,6 @@ class DirectPath:
             ran = not self.stopping
             try:
                 if ran:
-                    self.sched.run_at_once(t)
                     value = staged.fn(*staged.args)
                     if t in self._pickle_here:
                         self.pickled[t] = commlib.dumps(value)
@@ -149,6 +149,8 @@ class DirectPath:
                 if held:
                     sent = True
                     tr.post_task_sends(t, staged.tile, end)  # (its tile looked up when staged)
+            if ran:  # (no other thread reaches t: the move waits until its sends are out)
+                self.sched.run_at_once(t)
             return _new(DirectRun, (staged.entry, done_at, t, value, exc, ran, start, end, sent))
         finally:
             if held:

@@ -21,7 +21,7 @@ from typing import Any
 from ..dsl.tasks import Ref
 from ..trace.events import TASK_DONE, TASK_FAILED
 from . import comm as commlib
-from .direct import DirectRun, Staged
+from .direct import Staged
 from .schedstate import DONE
 
 
@@ -230,8 +230,9 @@ class WorkerLoop:
         receive, and again whenever counters moved), then tests that receive alone,
         and every 4th time the rest of the network too and that receive once more; the
         moment it lands (in any of those calls) the worker runs the task
-        (:meth:`_landed`). Each pass is kept tight: a large message moves as fast as
-        the two ranks call MPI (benchmarks/abtest.py, 1 MiB)."""
+        (:meth:`~taskgraph.run.direct.DirectPath.run_direct`). Each pass is kept
+        tight, and the landing is inline: a large message moves as fast as the two
+        ranks call MPI (benchmarks/abtest.py, 1 MiB)."""
         lock, tr, stats, tuning = self.lock, self.transfers, self.stats, self.tuning
         ready, waits = self.sched.ready, self.sched.waits
         token, active = tr.token, tr.recvs_active
@@ -241,6 +242,8 @@ class WorkerLoop:
         sleep, last = 0.0, clock()
         tried = None  # the receive a task was last staged for (or tried)
         staged: Staged | None = None
+        sreq = stask = None  # staged.req and .task as locals: a NamedTuple field is a slow
+        # attribute in the spin (benchmarks/abtest.py, 1 MiB)
         try:
             while not ready and not self.stopping and tr.recvs_left > 0:
                 lock.release()
@@ -252,13 +255,15 @@ class WorkerLoop:
                         if active and active[0] is not tried and not ready:
                             tried = active[0]
                             staged = self.stage(tried)
-                        if staged is None or not active or active[0] is not staged.req:
+                            if staged is not None:
+                                sreq, stask = staged.req, staged.task
+                        if staged is None or not active or active[0] is not sreq:
                             if tr.poll(True):
                                 got, tried = True, None
                         else:
-                            if tr.sends_active and waits[staged.task] > 1:
+                            if tr.sends_active and waits[stask] > 1:
                                 got = tr.test_sends()  # (a send the task waits for)
-                            landed = staged.req.Test()
+                            landed = sreq.Test()
                             if not landed and stats.polls & 3 != 3:
                                 stats.polls += 1
                             elif not landed:
@@ -266,10 +271,18 @@ class WorkerLoop:
                                 # again (at polls = 3 mod 4: poll counts itself, and
                                 # probes when it brings the count to 0 mod 8)
                                 got = tr.poll(True, skip_oldest=True) or got
-                                landed = staged.req.Test()
-                            if landed:
-                                held = False  # (_landed releases it)
-                                got, ran = self._landed(index, staged, got)
+                                landed = sreq.Test()
+                            if landed:  # (the landing, inline: it is on a message's way)
+                                done_at = clock()
+                                if waits[stask] > 1 and tr.sends_active:
+                                    # the test that landed the tile may have completed
+                                    # the send too
+                                    got = tr.test_sends() or got
+                                if waits[stask] == 1:
+                                    held = False  # (run_direct releases it)
+                                    ran = self.run_direct(index, staged, done_at)
+                                else:  # a send it waits for is still out: as usual
+                                    got = tr.received_at([0], done_at) or got
                                 staged = None
                         if held:
                             held = False
@@ -315,25 +328,3 @@ class WorkerLoop:
             # back polling before it would matter
             self.pollers -= 1
         return True
-
-    def _landed(self: Any, index: int, staged: Staged, got: bool) -> tuple[bool, DirectRun | None]:
-        """The receive a task was staged for landed (token held, released before this
-        returns or raises): run the task at once, or, if a send it waits for is still
-        out, deliver the receive as usual. Returns (whether anything happened, the
-        task's run if it ran). Lock not held."""
-        tr = self.transfers
-        try:
-            done_at = time.perf_counter()
-            waits = self.sched.waits
-            t = staged.task
-            if waits[t] > 1 and tr.sends_active:
-                # the test that landed the tile may have completed the send too
-                got = tr.test_sends() or got
-            if waits[t] != 1:
-                got = tr.received_at([0], done_at) or got
-                tr.token.release()
-                return got, None
-        except BaseException:
-            tr.token.release()
-            raise
-        return got, self.run_direct(index, staged, done_at)  # (it releases the token)
