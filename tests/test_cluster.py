@@ -75,7 +75,7 @@ def test_engines_are_the_ranks_of_one_mpi_world(cluster):
 def test_engines_move_large_messages_in_one_copy_where_allowed(cluster):
     """Engines start MPI themselves (under ipyparallel's mpiexec launcher): each turns on
     MPICH's single-copy transfers before it does, as a batch rank does."""
-    from taskgraph.run.comm import can_read_memory, yama_scope
+    from taskgraph.run.singlecopy import can_read_memory, yama_scope
 
     allowed = yama_scope() in (None, "0") and can_read_memory()
     assert [info["single_copy"] for info in cluster.infos] == [allowed, allowed]

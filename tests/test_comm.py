@@ -1,4 +1,4 @@
-"""``taskgraph.run.comm``: how a poller backs off, and when large messages move in one copy."""
+"""``taskgraph.run.comm`` and ``.singlecopy``: back-off, and large messages in one copy."""
 
 from __future__ import annotations
 
@@ -7,15 +7,8 @@ import textwrap
 
 import pytest
 
-from taskgraph.run.comm import (
-    CMA_VARS,
-    FIRST_SLEEP,
-    LONG_SLEEP,
-    can_read_memory,
-    next_sleep,
-    wants_single_copy,
-    yama_scope,
-)
+from taskgraph.run.comm import FIRST_SLEEP, LONG_SLEEP, next_sleep
+from taskgraph.run.singlecopy import CMA_VARS, can_read_memory, wants_single_copy, yama_scope
 
 CAP = 250e-6
 

@@ -368,7 +368,7 @@ def test_a_notebook_attaches_to_the_engines_job(tmp_path, run_cli):
     import taskgraph as tg
     from taskgraph.dsl.tiled import spd_dense
     from taskgraph.linalg import cholesky, cholesky_residual
-    from taskgraph.run.comm import can_read_memory, yama_scope
+    from taskgraph.run.singlecopy import can_read_memory, yama_scope
 
     job = tmp_path / "engines.sh"
     proc = run_cli(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..cluster.launch import run_ranks, script_argv
 from ..core import config
-from ..run.comm import single_copy_env
+from ..run.singlecopy import single_copy_env
 from . import convert, demo, sbatch
 
 

@@ -51,7 +51,7 @@ from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
 from ..plan.planner import Plan
-from ..run.comm import single_copy_env
+from ..run.singlecopy import single_copy_env
 from . import engine_side, watchdog
 from .base import Cluster
 from .engine_run import EngineRun

@@ -25,7 +25,7 @@ TASKGRAPH_QUICK                ``1``: small sizes for notebooks and examples   0
 .. [2] the ``mpiexec`` beside the running Python (the ``mpich`` wheel puts it there),
        else the first on ``PATH``.
 .. [3] one copy when this process may read another's memory (see
-       :func:`taskgraph.run.comm.wants_single_copy`), unless the MPI settings say
+       :func:`taskgraph.run.singlecopy.wants_single_copy`), unless the MPI settings say
        otherwise (``MPIR_CVAR_CH4_CMA_ENABLE``).
 .. [4] only where the launcher bound none of the node's ranks and there are at least
        as many CPUs as ranks (see :mod:`taskgraph.core.affinity`).
