@@ -40,6 +40,7 @@ class Data:
     key: tuple | None  # (matrix, i, j) for tiles; None for values
     tile: Tile | None = None  # the Tile, for tiles
     producer: int = INITIAL  # the task, for values
+    size: int | None = None  # a value's declared size in bytes (``@tg.task(nbytes=...)``)
 
     @property
     def is_tile(self) -> bool:
@@ -54,8 +55,8 @@ class Data:
 
     @property
     def nbytes(self) -> int:
-        if self.tile is None:
-            return 64  # values are small unless proven otherwise
+        if self.tile is None:  # values are small unless declared otherwise
+            return 64 if self.size is None else self.size
         r, c = self.tile.shape
         return r * c * self.tile.dtype.itemsize
 
