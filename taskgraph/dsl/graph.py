@@ -70,20 +70,48 @@ class TaskFunction:
     timeout:
         Seconds the task may run before the run fails naming it; None: the run's
         default (``task_timeout``), if any.
+    nbytes:
+        The size of the task's value in bytes, the planner's estimate of what sending
+        it costs: an int, or a callable given the call's arguments (futures stay
+        futures) that returns one. None: 64 bytes. The trace shows the real size.
     """
 
-    def __init__(self, fn: Callable, cost: float = 1.0, timeout: float | None = None):
+    def __init__(
+        self,
+        fn: Callable,
+        cost: float = 1.0,
+        timeout: float | None = None,
+        nbytes: int | Callable[..., int] | None = None,
+    ):
         self.fn = fn
         self.name = fn.__name__
         self.cost_value = cost
         self.timeout = check_timeout(timeout, f"task {fn.__name__}")
+        self.nbytes = _check_nbytes(nbytes, fn.__name__) if not callable(nbytes) else nbytes
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
         b = recording.active()
         if b is None:
             return self.fn(*args, **kwargs)
-        return b.add_call(self, args, kwargs)
+        future = b.add_call(self, args, kwargs)
+        if self.nbytes is not None:
+            self.declare_size(future, args, kwargs)
+        return future
+
+    def declare_size(self, future: Future, args: tuple, kwargs: dict) -> None:
+        """Give the value of ``future`` (a call of this function with ``args`` and
+        ``kwargs``) its declared size; GraphError naming the task if it is no size."""
+        graph = future.graph
+        size = self.nbytes
+        if callable(size):
+            what = f"task {graph.label(future.id)}"
+            try:
+                size = size(*args, **kwargs)
+            except Exception as exc:
+                raise GraphError(f"{what}: its nbytes function raised {exc!r}") from exc
+            size = _check_nbytes(size, what)
+        graph.data[graph._values[future.id]].size = size
 
     def cost(self, shapes) -> float:
         """The declared cost, whatever the ``shapes`` (a kernel's depends on them)."""
@@ -93,10 +121,26 @@ class TaskFunction:
         return f"<tg.task {self.name}>"
 
 
-def task(fn: Callable | None = None, *, cost: float = 1.0, timeout: float | None = None):
+def _check_nbytes(nbytes, what: str) -> int | None:
+    """``nbytes`` as an int (None stays None); GraphError naming ``what`` unless it is
+    a size in bytes."""
+    if nbytes is None:
+        return None
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+        raise GraphError(f"{what}: nbytes must be a number of bytes (an int >= 0), not {nbytes!r}")
+    return int(nbytes)
+
+
+def task(
+    fn: Callable | None = None,
+    *,
+    cost: float = 1.0,
+    timeout: float | None = None,
+    nbytes: int | Callable[..., int] | None = None,
+):
     """Make a plain function a task: inside a graph, calls return :class:`Future` s.
 
-    Use as ``@tg.task``, ``@tg.task(cost=..., timeout=...)`` or ``tg.task(fn)``.
+    Use as ``@tg.task``, ``@tg.task(cost=..., timeout=..., nbytes=...)`` or ``tg.task(fn)``.
 
     Parameters
     ----------
@@ -111,10 +155,15 @@ def task(fn: Callable | None = None, *, cost: float = 1.0, timeout: float | None
     timeout:
         Seconds the task may run before the run fails naming it (None: the run's
         ``task_timeout``).
+    nbytes:
+        The size of the task's value in bytes, for placement and the planned traffic
+        (:meth:`Graph.preview`): an int, or a callable of the call's arguments
+        (``nbytes=lambda n: 8 * n``; futures arrive as futures). None: 64 bytes. The
+        trace and ``run.stats`` always count the real size, measured when it is sent.
     """
     if fn is None:
-        return lambda f: TaskFunction(f, cost, timeout)
-    return TaskFunction(fn, cost, timeout)
+        return lambda f: TaskFunction(f, cost, timeout, nbytes)
+    return TaskFunction(fn, cost, timeout, nbytes)
 
 
 class Graph:
@@ -189,7 +238,10 @@ class Graph:
     def add_call(self, fn: TaskFunction, args: tuple, kwargs: dict) -> Future:
         """Record ``fn(*args, **kwargs)`` for a ``@tg.task`` function; its future."""
         with self._recording() as b:
-            return b.add_call(fn, args, kwargs)
+            future = b.add_call(fn, args, kwargs)
+        if fn.nbytes is not None:
+            fn.declare_size(future, args, kwargs)
+        return future
 
     @contextlib.contextmanager
     def _recording(self) -> Iterator[recording.Builder]:
