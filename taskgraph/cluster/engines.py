@@ -361,10 +361,9 @@ class EngineCluster(Cluster, kind="engines"):
         """Copy every tile of ``matrix`` from its engine into ``out`` here (``root`` is
         not used: the notebook's process gathers)."""
         self._check_current(matrix)
-        t = matrix.tile
         for part in self._wait(self.view.apply_async(engine_side.get_tiles, matrix.uid)):
             for (i, j), arr in part.items():
-                out[i * t : i * t + arr.shape[0], j * t : j * t + arr.shape[1]] = arr
+                matrix.block(out, i, j)[...] = arr
 
     def _check_current(self, matrix) -> None:
         if getattr(matrix, "generation", self.generation) != self.generation:

@@ -192,7 +192,7 @@ class _Coder:
 
     @staticmethod
     def _matrix_code(m, ordinal: int) -> int:
-        geometry = (m.shape, m.tile, m.dtype.str, m.grid, m.distribution, m.distribution_seed)
+        geometry = (m.shape, m.tile, m.dtype.str, m.grid, m.distribution_key, m.distribution_seed)
         return _text_code(f"{ordinal}|{geometry}|{m.lower}")
 
     def codes(self, start: int, stop: int) -> list[int]:

@@ -1,17 +1,26 @@
-"""Tiled matrices distributed over ranks.
+"""Tiled matrices and vectors distributed over ranks.
 
-A :class:`TiledMatrix` is an m x n matrix cut into tiles of ``tile x tile`` (smaller at
-the bottom and right edges). Each tile has one owner rank: on a P x Q grid, 2-D
-block-cyclic by default (``distribution="2d"``), dealt by tile column over 1 x P
-(``"1d"``), or drawn at random, balanced and seeded (``"random"``; see
-:mod:`taskgraph.dsl.placement`), and each rank stores only the
-tiles it owns, as Fortran-ordered arrays that BLAS and LAPACK use in place. Tiles are
-allocated once, when the matrix is made, and every task that writes a tile writes it
-in place on its owner.
+A :class:`TiledMatrix` is an m x n matrix cut into tiles of ``mb x nb`` (``tile=b``
+for square ones), smaller ("ragged") at the bottom and right edges; or, made with
+``shape=(m,)`` (or as :func:`TiledVector`), a vector of m entries cut into 1-D tiles
+of mb. Its dtype is any NumPy dtype but ``object``. Each tile has one owner rank
+(:mod:`taskgraph.dsl.placement`): on a P x Q grid, 2-D block-cyclic by default
+(``distribution="2d"``), dealt by tile column over 1 x P (``"1d"``), in contiguous
+blocks of tiles (``"block"``), drawn at random, balanced and seeded (``"random"``), or
+as the user says: a callable ``owner(i, j) -> rank`` or a map / array of ranks. Each
+rank stores only the tiles it owns, as Fortran-ordered arrays that BLAS and LAPACK
+use in place. Tiles are allocated once, when the matrix is made, and every task that
+writes a tile writes it in place on its owner::
 
-``A[i, j]`` is a :class:`Tile` handle; ``A[i, j].r``, ``.w`` and ``.rw`` are the access
-marks a graph records. A matrix made with ``lower=True`` stores only the tiles on and
-below the diagonal (what a Cholesky factorisation touches).
+    A = TiledMatrix((5, 7), tile=(2, 3))      v = TiledVector(5, tile=2)
+         j: 0    1    2                          i: 0    1    2
+    i=0   2x3  2x3  2x1                             (2,) (2,) (1,)
+    i=1   2x3  2x3  2x1                          key (uid, i, 0), v[i]
+    i=2   1x3  1x3  1x1   (ragged edges)
+
+``A[i, j]`` (``v[i]``) is a :class:`Tile` handle; ``.r``, ``.w`` and ``.rw`` on it are
+the access marks a graph records. A matrix made with ``lower=True`` stores only the
+tiles on and below the diagonal (what a Cholesky factorisation touches).
 
 Constructors build tiles on the rank that owns them, from a seed, so no rank ever
 holds the whole matrix: ``random_spd``, ``zeros``, ``from_function``, ``from_numpy``.
@@ -20,7 +29,9 @@ holds the whole matrix: ``random_spd``, ``zeros``, ``from_function``, ``from_num
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import math
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -31,7 +42,7 @@ from ..core.errors import GraphError
 from . import memory
 from .access import Access, Mode
 from .nested import describe
-from .placement import block_cyclic_owner, distribution_grid, random_owners
+from .placement import distribution_grid, owner_table
 
 _uids = itertools.count()  # matrices made here; a notebook's are negative
 _registry: weakref.WeakValueDictionary[int, TiledMatrix] = weakref.WeakValueDictionary()
@@ -119,9 +130,15 @@ class Tile:
         return (self.matrix.uid, self.i, self.j)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        """The tile's shape (smaller than the others in the last row or column)."""
+    def shape(self) -> tuple[int, ...]:
+        """The tile's shape (smaller than the others in the last row or column; a
+        1-tuple for a vector's tile)."""
         return self.matrix.tile_shape(self.i, self.j)
+
+    @property
+    def nbytes(self) -> int:
+        """The tile's size in bytes (what moving it costs)."""
+        return math.prod(self.shape) * self.matrix.dtype.itemsize
 
     @property
     def dtype(self) -> np.dtype:
@@ -134,30 +151,38 @@ class Tile:
         return self.matrix.owner(self.i, self.j)
 
     def __repr__(self) -> str:
+        if self.matrix.ndim == 1:
+            return f"{self.matrix.name}[{self.i}]"
         return f"{self.matrix.name}[{self.i},{self.j}]"
 
 
 class TiledMatrix:
-    """A matrix of tiles, each stored on its owner rank.
+    """A matrix (or a vector) of tiles, each stored on its owner rank.
 
     Parameters
     ----------
     shape:
-        ``(m, n)``, or ``n`` for a square matrix.
+        ``(m, n)``, ``n`` for a square matrix, or ``(m,)`` for a vector of m entries.
     tile:
-        The tile size: tiles are ``tile x tile``, smaller at the bottom and right edges.
+        The tile size: ``b`` (tiles of ``b x b``, or of ``b`` entries for a vector),
+        ``(mb, nb)`` (tiles of mb rows and nb columns) or ``(mb,)`` for a vector.
+        Tiles in the last row or column are smaller when the size does not divide.
     dtype:
-        A floating-point dtype (float32, float64, complex64, complex128).
+        Any NumPy dtype but ``object`` (floats, complex, ints, bools, float16, ...).
     grid:
-        The ``(P, Q)`` rank grid of a 2-D block-cyclic distribution (default: the most
-        square grid of the cluster's ranks, or as ``distribution`` says).
+        The ``(P, Q)`` rank grid of the ``"2d"`` and ``"block"`` distributions
+        (default: the most square grid of the cluster's ranks; P x 1 for a vector).
     distribution:
-        ``"2d"`` (block-cyclic on the grid), ``"1d"`` (dealt by tile column) or
-        ``"random"`` (balanced, drawn from ``distribution_seed``).
+        Who owns which tile: ``"2d"`` (block-cyclic on the grid), ``"1d"`` (dealt by
+        tile column; a vector's by tile), ``"block"`` (contiguous blocks of tiles on
+        the grid), ``"random"`` (balanced, drawn from ``distribution_seed``), a
+        callable ``owner(i, j) -> rank`` (``j`` is 0 for a vector), or a map
+        ``{(i, j): rank}`` (``{i: rank}`` for a vector) or an mt x nt array of ranks.
+        A rank out of range is a ValueError naming the matrix and the tile.
     distribution_seed:
         The seed of a ``"random"`` distribution.
     lower:
-        Store only the tiles on and below the diagonal (square matrices).
+        Store only the tiles on and below the diagonal (square matrices, square tiles).
     name:
         The name in labels and traces (default ``M<uid>``).
     cluster:
@@ -165,33 +190,38 @@ class TiledMatrix:
     uid:
         The matrix's id in every process (given by the cluster when None).
 
-    ``A[i, j]`` is a :class:`Tile`; ``A[i, j].r``, ``.w``, ``.rw`` mark it for a
-    kernel call inside a graph. Constructors that also fill the tiles:
-    :meth:`random_spd`, :meth:`zeros`, :meth:`from_function`, :meth:`from_numpy`.
+    ``A[i, j]`` (``v[i]`` for a vector) is a :class:`Tile`; ``.r``, ``.w``, ``.rw``
+    on it mark it for a kernel call inside a graph. ``tile_rows``, ``tile_cols``: mb
+    and nb (nb is 1 for a vector); ``tile``: b when tiles are square (and mb for a
+    vector), else ``(mb, nb)``; ``mt`` x ``nt``: the tile counts (``nt`` is 1 for a
+    vector). Constructors that also fill the tiles: :meth:`random_spd`,
+    :meth:`zeros`, :meth:`from_function`, :meth:`from_numpy`.
     """
 
     def __init__(
         self,
-        shape: tuple[int, int] | int,
-        tile: int,
+        shape: tuple[int, ...] | int,
+        tile: tuple[int, ...] | int,
         dtype=np.float64,
         *,
         grid: tuple[int, int] | None = None,
-        distribution: str = "2d",
+        distribution: Any = "2d",
         distribution_seed: int = 0,
         lower: bool = False,
         name: str | None = None,
         cluster=None,
         uid: int | None = None,
     ):
-        m, n = (shape, shape) if isinstance(shape, int) else shape
-        if m < 1 or n < 1 or tile < 1:
-            raise ValueError(f"matrix shape ({m}, {n}) and tile {tile} must be positive")
-        if lower and m != n:
-            raise ValueError("a lower-triangular matrix must be square")
+        dims, (mb, nb) = _geometry(shape, tile)
+        self.ndim = len(dims)
+        if lower and (self.ndim != 2 or dims[0] != dims[1] or mb != nb):
+            raise ValueError("a lower-triangular matrix must be square, in square tiles")
         self.dtype = np.dtype(dtype)
-        if self.dtype.kind not in "fc":
-            raise ValueError(f"tiled matrices hold floating-point numbers, not {self.dtype}")
+        if self.dtype.hasobject:
+            raise ValueError(
+                f"tiled matrices hold arrays of numbers, not {self.dtype} (Python objects "
+                "cannot move as buffers: mark them with tg.Data instead)"
+            )
         self.cluster: Any = cast(Any, cluster if cluster is not None else _current_cluster())
         self.remote = bool(getattr(self.cluster, "remote", False))  # made from a notebook
         self.nranks = self.cluster.size
@@ -201,27 +231,34 @@ class TiledMatrix:
         self.grid: tuple[int, int] = (
             (int(grid[0]), int(grid[1]))
             if grid is not None
-            else distribution_grid(distribution, self.nranks)
+            else distribution_grid(distribution, self.nranks, vector=self.ndim == 1)
         )
         if self.grid[0] * self.grid[1] != self.nranks:
             raise ValueError(f"grid {self.grid} does not cover {self.nranks} ranks")
-        self.shape = (m, n)
-        self.tile = tile
+        self.shape: tuple[int, ...] = dims
+        self.tile_rows, self.tile_cols = mb, nb
+        self.tile: Any = mb if mb == nb or self.ndim == 1 else (mb, nb)
         self.lower = lower
         if uid is None:
             uid = self.cluster.new_uid() if self.remote else next(_uids)
         self.uid = uid
         self.name = name or f"M{abs(self.uid)}"
-        self.mt = -(-m // tile)
-        self.nt = -(-n // tile)
-        self._full = (tile, tile)
-        self._full_rows, self._full_cols = m // tile, n // tile
-        self._owners = (
-            random_owners(self.mt, self.nt, self.nranks, self.distribution_seed)
-            if distribution == "random"
-            else None
+        m, n = dims if self.ndim == 2 else (dims[0], 1)
+        self.mt, self.nt = -(-m // mb), -(-n // nb)
+        self._full: tuple[int, ...] = (mb, nb) if self.ndim == 2 else (mb,)
+        self._full_rows, self._full_cols = m // mb, n // nb
+        owners = owner_table(
+            distribution,
+            list(self.indices()),
+            (self.mt, self.nt),
+            self.nranks,
+            self.grid,
+            self.distribution_seed,
+            self.name,
         )
-        self._handles: dict[tuple[int, int], Tile] = {}
+        self._owners = owners if isinstance(owners, list) else None
+        self._owner_fn = None if isinstance(owners, list) else owners
+        self._handles: dict[Any, Tile] = {}
         self.tiles: dict[tuple[int, int], np.ndarray] = {}
         # a notebook's rank is None: it owns none. One block for them all, on huge pages
         # when large (taskgraph.dsl.memory: a tile moves between ranks 2-3x as fast)
@@ -231,18 +268,56 @@ class TiledMatrix:
         _registry[self.uid] = self
 
     def spec(self) -> dict:
-        """What another process needs to make its share of this matrix."""
+        """What another process needs to make its share of this matrix (a callable or
+        map of owners goes as its table of ranks, the same in every process)."""
+        custom = not isinstance(self.distribution, str)
         return {
             "shape": self.shape,
             "tile": self.tile,
             "dtype": self.dtype.str,
             "grid": self.grid,
-            "distribution": self.distribution,
+            "distribution": self._owners if custom else self.distribution,
             "distribution_seed": self.distribution_seed,
             "lower": self.lower,
             "name": self.name,
             "uid": self.uid,
         }
+
+    @property
+    def distribution_key(self) -> str:
+        """The distribution as text that is the same in every process for the same
+        owners: the name, or a digest of the owner table (what fingerprints hash)."""
+        if isinstance(self.distribution, str):
+            return self.distribution
+        table = np.asarray(self._owners, np.int64)
+        return "owners:" + hashlib.blake2b(table.tobytes(), digest_size=8).hexdigest()
+
+    def owners_on(self, nranks: int) -> Callable[[int, int], int]:
+        """``(i, j) -> rank``: the owners this matrix's distribution would give on
+        ``nranks`` ranks (what a preview for another rank count places by)."""
+        if nranks == self.nranks:
+            return self.owner
+        named = isinstance(self.distribution, str)
+        grid = distribution_grid(self.distribution, nranks, vector=self.ndim == 1)
+        owners = owner_table(
+            self.distribution if named else self._custom_owner,
+            list(self.indices()),
+            (self.mt, self.nt),
+            nranks,
+            grid,
+            self.distribution_seed,
+            self.name,
+        )
+        if isinstance(owners, list):
+            return lambda i, j: owners[i][j]
+        return owners
+
+    def _custom_owner(self, i: int, j: int) -> Any:
+        """The user's owner of tile (i, j), as given (a callable, a map or an array)."""
+        d = self.distribution
+        if callable(d):
+            return d(i, j)
+        return self._owners[i][j] if self._owners is not None else -1
 
     def __reduce__(self):
         # a graph sent to the engines refers to their matrices, not to copies
@@ -251,23 +326,28 @@ class TiledMatrix:
     # -- geometry ------------------------------------------------------------------
 
     def indices(self) -> Iterator[tuple[int, int]]:
-        """Every stored tile index, column by column."""
+        """Every stored tile index, column by column (``(i, 0)`` for a vector)."""
         for j in range(self.nt):
             for i in range(j if self.lower else 0, self.mt):
                 yield i, j
 
-    def tile_shape(self, i: int, j: int) -> tuple[int, int]:
-        """The shape of tile ``(i, j)``: ``(tile, tile)``, smaller in the last row or column."""
+    def tile_shape(self, i: int, j: int = 0) -> tuple[int, ...]:
+        """The shape of tile ``(i, j)``: ``(mb, nb)``, smaller in the last row or
+        column; ``(mb,)`` (or less, last) for a vector's tile ``i``."""
         if i < self._full_rows and j < self._full_cols:
             return self._full  # one shared tuple for every full tile
+        mb, nb = self.tile_rows, self.tile_cols
+        if self.ndim == 1:
+            return (min(mb, self.shape[0] - i * mb),)
         m, n = self.shape
-        return (min(self.tile, m - i * self.tile), min(self.tile, n - j * self.tile))
+        return (min(mb, m - i * mb), min(nb, n - j * nb))
 
-    def owner(self, i: int, j: int) -> int:
+    def owner(self, i: int, j: int = 0) -> int:
         """The rank that stores tile ``(i, j)`` (by the matrix's distribution)."""
         if self._owners is not None:
             return self._owners[i][j]
-        return block_cyclic_owner(i, j, self.grid)
+        assert self._owner_fn is not None
+        return self._owner_fn(i, j)
 
     def __getitem__(self, ij) -> Tile:
         try:
@@ -276,6 +356,8 @@ class TiledMatrix:
             pass
         t = self._new_handle(ij)
         self._handles[t.i, t.j] = t
+        if self.ndim == 1:
+            self._handles[t.i] = t  # v[i] finds it at once next time
         return t
 
     def forget_handles(self) -> None:
@@ -286,18 +368,10 @@ class TiledMatrix:
         self._handles.clear()
 
     def _new_handle(self, ij) -> Tile:
-        try:
-            i, j = ij
-            i, j = int(i), int(j)
-        except (TypeError, ValueError):
-            raise GraphError(
-                f"index tiles of {self.name} as {self.name}[i, j], not {describe(ij)}"
-            ) from None
+        i, j = self._index(ij)
         if not (0 <= i < self.mt and 0 <= j < self.nt):
-            raise GraphError(
-                f"tile {self.name}[{i},{j}] is out of range: {self.name} has "
-                f"{self.mt} x {self.nt} tiles"
-            )
+            where = f"{self.mt} tiles" if self.ndim == 1 else f"{self.mt} x {self.nt} tiles"
+            raise GraphError(f"tile {self.name}[{i},{j}] is out of range: {self.name} has {where}")
         if self.lower and i < j:
             raise GraphError(
                 f"tile {self.name}[{i},{j}] is above the diagonal, and {self.name} stores "
@@ -305,20 +379,33 @@ class TiledMatrix:
             )
         return Tile(self, i, j)
 
+    def _index(self, ij) -> tuple[int, int]:
+        """``(i, j)`` of ``A[i, j]``, or of ``v[i]`` (``v[i, 0]``) for a vector."""
+        try:
+            if self.ndim == 1 and not isinstance(ij, tuple):
+                return int(ij), 0
+            i, j = ij
+            return int(i), int(j)
+        except (TypeError, ValueError):
+            how = f"{self.name}[i]" if self.ndim == 1 else f"{self.name}[i, j]"
+            raise GraphError(f"index tiles of {self.name} as {how}, not {describe(ij)}") from None
+
     def __repr__(self) -> str:
-        m, n = self.shape
         kind = "lower " if self.lower else ""
+        size = "x".join(map(str, self.shape))
+        what = "TiledVector" if self.ndim == 1 else "TiledMatrix"
+        tiles = f"{self.mt} tiles" if self.ndim == 1 else f"{self.mt}x{self.nt} tiles"
+        if isinstance(self.distribution, str) and self.distribution != "random":
+            where = f"{self.distribution} on grid {self.grid[0]}x{self.grid[1]}"
+        elif self.distribution == "random":
+            where = f"random owners (seed {self.distribution_seed})"
+        else:
+            where = "owners given"
         return (
-            f"<TiledMatrix {self.name}: {kind}{m}x{n} {self.dtype}, tile {self.tile} "
-            f"({self.mt}x{self.nt} tiles), "
-            + (
-                f"random owners (seed {self.distribution_seed})>"
-                if self._owners is not None
-                else f"grid {self.grid[0]}x{self.grid[1]}>"
-            )
+            f"<{what} {self.name}: {kind}{size} {self.dtype}, tile {self.tile} ({tiles}), {where}>"
         )
 
-    def local(self, i: int, j: int) -> np.ndarray:
+    def local(self, i: int, j: int = 0) -> np.ndarray:
         """The array of tile ``(i, j)``, which this rank owns; KeyError naming its owner."""
         try:
             return self.tiles[i, j]
@@ -332,8 +419,8 @@ class TiledMatrix:
     @classmethod
     def from_function(cls, shape, tile, fn: Callable, dtype=np.float64, **kw) -> TiledMatrix:
         """A ``shape`` matrix in tiles of ``tile`` and ``dtype``, each owner filling its
-        tiles with ``fn(i, j, tile_shape)`` (on the engines too); ``kw`` as for
-        :class:`TiledMatrix`."""
+        tiles with ``fn(i, j, tile_shape)`` (on the engines too; ``j`` is 0 and
+        ``tile_shape`` a 1-tuple for a vector); ``kw`` as for :class:`TiledMatrix`."""
         a = cls(shape, tile, dtype, **kw)
         if a.remote:
             a.cluster.build_matrix(a, fn)
@@ -345,7 +432,8 @@ class TiledMatrix:
     def zeros(cls, shape, tile, dtype=np.float64, **kw) -> TiledMatrix:
         """A ``shape`` matrix of zeros in tiles of ``tile`` and ``dtype``; ``kw`` as for
         :class:`TiledMatrix`."""
-        return cls.from_function(shape, tile, lambda i, j, s: 0.0, dtype, **kw)
+        zero = np.zeros((), dtype)  # the dtype's own zero (False, 0, 0.0, "", epoch...)
+        return cls.from_function(shape, tile, lambda i, j, s: zero, dtype, **kw)
 
     @classmethod
     def random_spd(cls, n: int, tile: int, dtype=np.float64, *, seed: int = 0, **kw):
@@ -364,12 +452,14 @@ class TiledMatrix:
         )
 
     @classmethod
-    def from_numpy(cls, *args, tile: int | None = None, **kw) -> TiledMatrix:
-        """Cut a NumPy array into tiles owned by their ranks.
+    def from_numpy(cls, *args, tile: Any = None, **kw) -> TiledMatrix:
+        """Cut a 1-D or 2-D NumPy array (any dtype but object) into tiles owned by
+        their ranks.
 
         ``from_numpy(array, tile)`` in a batch job (every rank has the array), or
         ``from_numpy(cluster, array, tile=...)`` in a notebook, which sends each engine
-        only its own tiles.
+        only its own tiles. ``tile``: ``b``, ``(mb, nb)``, or ``(mb,)`` for a 1-D
+        array; ``kw`` as for :class:`TiledMatrix`.
         """
         if args and isinstance(args[0], _cluster_kind):
             kw["cluster"], args = args[0], args[1:]
@@ -386,18 +476,22 @@ class TiledMatrix:
             t[...] = a.block(array, i, j)
         return a
 
-    def block(self, array: np.ndarray, i: int, j: int) -> np.ndarray:
-        """The part of a full-size array that tile (i, j) covers."""
-        t = self.tile
-        r, c = self.tile_shape(i, j)
-        return array[i * t : i * t + r, j * t : j * t + c]
+    def block(self, array: np.ndarray, i: int, j: int = 0) -> np.ndarray:
+        """The part of a full-size array that tile (i, j) covers (a view: writing it
+        writes ``array``)."""
+        mb, nb = self.tile_rows, self.tile_cols
+        shape = self.tile_shape(i, j)
+        if self.ndim == 1:
+            return array[i * mb : i * mb + shape[0]]
+        return array[i * mb : i * mb + shape[0], j * nb : j * nb + shape[1]]
 
     # -- results --------------------------------------------------------------------
 
     def gather(self, root: int | None = 0) -> np.ndarray | None:
         """The whole matrix as one array on ``root`` (on every rank if root is None).
 
-        Tiles not stored (above the diagonal of a lower matrix) are zero. In a batch
+        A vector gathers to a 1-D array. Tiles not stored (above the diagonal of a
+        lower matrix) are zero. In a batch
         job every rank must call it; in a notebook it collects the tiles from the
         engines and returns the array there.
         """
@@ -412,6 +506,43 @@ class TiledMatrix:
         out = self.gather(root=None)
         assert out is not None
         return out
+
+
+def TiledVector(n: int, tile: int | tuple[int], dtype=np.float64, **kw) -> TiledMatrix:
+    """A vector of ``n`` entries in 1-D tiles of ``tile``: ``TiledMatrix((n,), tile)``.
+
+    Indexed ``v[i]`` (its tiles' keys are ``(uid, i, 0)``); ``kw`` as for
+    :class:`TiledMatrix`. Its tiles are dealt over all ranks (a P x 1 grid) by the
+    named distributions, and a callable owner is asked ``owner(i, 0)``.
+    """
+    return TiledMatrix((n,), tile, dtype, **kw)
+
+
+def _geometry(shape, tile) -> tuple[tuple[int, ...], tuple[int, int]]:
+    """``(shape, (mb, nb))`` from the user's ``shape`` and ``tile`` (nb is 1 for a
+    vector); a ValueError says what is wrong."""
+    dims = (shape, shape) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if len(dims) not in (1, 2):
+        raise ValueError(f"a tiled matrix is 1-D or 2-D, not of shape {shape}")
+    sizes = (tile,) * len(dims) if isinstance(tile, (int, np.integer)) else tuple(tile)
+    if len(sizes) != len(dims):
+        raise ValueError(
+            f"tile {tile} does not fit shape {shape}: give "
+            + ("b or (mb,)" if len(dims) == 1 else "b or (mb, nb)")
+        )
+    try:
+        whole, steps = tuple(map(_whole, dims)), tuple(map(_whole, sizes))
+    except (TypeError, ValueError):
+        raise ValueError(f"matrix shape {shape} and tile {tile} must be ints") from None
+    if min(whole) < 1 or min(steps) < 1:
+        raise ValueError(f"matrix shape {shape} and tile {tile} must be positive")
+    return whole, (steps[0], steps[1] if len(steps) == 2 else 1)
+
+
+def _whole(x) -> int:
+    if isinstance(x, (bool, np.bool_)) or int(x) != x:
+        raise TypeError(x)
+    return int(x)
 
 
 def spd_tile(seed: int, i: int, j: int, shape, n: int, dtype) -> np.ndarray:

@@ -15,12 +15,12 @@ In a notebook the preview displays itself as HTML with an SVG drawing; elsewhere
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..dsl.graph import use_previewer
-from ..dsl.placement import block_cyclic_owner, distribution_grid, random_owners
 from .planner import make_plan
 
 # one colour per rank (cycled), readable on white
@@ -42,22 +42,14 @@ DRAW_LIMIT = 1500  # tasks; a bigger DAG is summarised, not drawn
 
 def owner_for(nranks: int):
     """``tile -> rank`` as each tile's matrix would deal it over ``nranks`` ranks."""
-    tables: dict[int, object] = {}
+    owners: dict[int, Callable[[int, int], int]] = {}
 
     def owner(tile) -> int:
         m = tile.matrix
-        if m.nranks == nranks:
-            return m.owner(tile.i, tile.j)
-        table = tables.get(m.uid)
-        if table is None:
-            if m.distribution == "random":
-                table = random_owners(m.mt, m.nt, nranks, m.distribution_seed)
-            else:
-                table = distribution_grid(m.distribution, nranks)
-            tables[m.uid] = table
-        if isinstance(table, list):
-            return table[tile.i][tile.j]
-        return block_cyclic_owner(tile.i, tile.j, table)  # type: ignore[arg-type]
+        fn = owners.get(m.uid)
+        if fn is None:
+            fn = owners[m.uid] = m.owners_on(nranks)
+        return fn(tile.i, tile.j)
 
     return owner
 

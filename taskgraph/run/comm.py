@@ -354,10 +354,9 @@ class World:
 
     def gather_tiles(self, matrix, out: np.ndarray | None, root: int | None) -> None:
         """Copy every tile of ``matrix`` into ``out`` on root (every rank if None)."""
-        t = matrix.tile
         for (i, j), arr in matrix.tiles.items():
             if out is not None:
-                out[i * t : i * t + arr.shape[0], j * t : j * t + arr.shape[1]] = arr
+                matrix.block(out, i, j)[...] = arr
         if self.comm is None:
             return
         targets = range(self.size) if root is None else [root]
@@ -366,7 +365,7 @@ class World:
 
     def _send_tiles_to(self, matrix, out, dst: int) -> None:
         """Every owner sends dst the tiles it lacks, one at a time, in index order."""
-        t, comm = matrix.tile, self.comm
+        comm = self.comm
         assert comm is not None
         scratch: dict[tuple, np.ndarray] = {}
         for tag, (i, j) in enumerate(matrix.indices()):
@@ -381,7 +380,7 @@ class World:
                 if buf is None:
                     buf = scratch[shape] = np.empty(shape, matrix.dtype, order="F")
                 comm.Recv(buf, owner, tag)
-                out[i * t : i * t + shape[0], j * t : j * t + shape[1]] = buf
+                matrix.block(out, i, j)[...] = buf
 
 
 VALUE_TAG = 1  # on World.values: one value, shared by the rank that holds it
