@@ -209,5 +209,7 @@ def test_engines_trace_the_real_size_of_a_value_they_send(engines):
     trace = run.trace
     assert trace.sent[0, 1] >= SIZE and trace.sent[1, 0] == 0
     assert [m[2] for m in trace.messages] == [trace.sent[0, 1]]
-    assert trace.to_dict()["sent"] == trace.sent.tolist()  # what the report and widget draw
-    assert run.plan.traffic()[0, 1] == 64
+    assert trace.state()["matrix"]["bytes"] == trace.sent.tolist()  # the widget's matrix
+    assert trace.to_dict()["sent"] == trace.sent.tolist()  # the HTML report's
+    assert run.stats.bytes_sent == run.stats.bytes_received == trace.sent[0, 1]
+    assert run.plan.traffic()[0, 1] == 64  # the planner's guess, for an undeclared size
