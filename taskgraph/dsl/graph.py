@@ -87,7 +87,7 @@ class TaskFunction:
         self.name = fn.__name__
         self.cost_value = cost
         self.timeout = check_timeout(timeout, f"task {fn.__name__}")
-        self.nbytes = _check_nbytes(nbytes, fn.__name__) if not callable(nbytes) else nbytes
+        self.nbytes = nbytes if callable(nbytes) else _check_nbytes(nbytes, f"task {fn.__name__}")
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
