@@ -88,9 +88,9 @@ class DirectPath:
         tr = self.transfers
         entry = tr.recvs_active_msgs[0]
         msg, buf, _ = entry
-        sending = [m for m, _ in tr.sends_active_msgs] if tr.sends_active else ()
+        sending = [e[0] for e in tr.sends_active_msgs] if tr.sends_active else ()
         sched = self.sched
-        t = direct_task(msg, sched.waits, sched.state, self._long, sending)
+        t = direct_task(msg, sched.waits, sched.state, self._not_direct, sending)
         if t is None:
             return None
         task = self.graph.tasks[t]

@@ -190,6 +190,13 @@ class Executor(WorkerLoop, DirectPath, OutcomeProtocol):
         self.trace_parts: list | None = None
         # tasks long enough that the progress thread should poll while they run
         self._long = {t for t in plan.tasks if graph.tasks[t].cost >= self.tuning.long_task}
+        # tasks the direct path leaves alone: long ones, and writers of other ranks' data
+        self._not_direct = self._long | set(plan.foreign) if plan.foreign else self._long
+        if plan.foreign:  # (an instance attribute: the usual _call stays as it is)
+            self._call = self._call_foreign  # type: ignore[method-assign]
+        for d, home in plan.homes.items():  # plain data homed here: the user's own object
+            if home == network.rank:
+                self._tile_arrays[d] = graph.data[d].item.value  # type: ignore[union-attr]
         self._limits = timeouts_by_function(fns, task_timeout)
         self.transfers = Transfers(
             self,

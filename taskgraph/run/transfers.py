@@ -11,6 +11,13 @@ what lands (counting down the tasks it releases in the scheduling state)::
 
 Receives are posted ahead up to a byte budget small enough to stay in cache (and
 always one): a receive lands in a pooled buffer (benchmarks/comm.py, 1 MiB hops).
+
+A version written away from its data's owner comes home in a ``home`` message that
+lands in the owner's own storage (never a pool buffer, never in ``received``); only a
+plan with such messages swaps in the methods that know them (:meth:`Transfers.
+__init__`), so the single-owner path does no extra work per message. Posting that
+receive ahead into storage still being read here is safe: its sender sends only after
+the writer ran, and the writer waited for every reader of the old version (WAR edges).
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ class Transfers:
     """Sends, receives and probes of one rank's run.
 
     Guarded by ``token`` (the network token): ``sends_waiting``, ``sends_active`` (with
-    ``sends_active_msgs``: message, posting time), ``recvs_todo``, ``expected``,
+    ``sends_active_msgs``: message, posting time, bytes), ``recvs_todo``, ``expected``,
     ``recvs_active`` (with ``recvs_active_msgs``: message, buffer, posting time).
     Guarded by the executor's ``lock``: ``outbox`` (finished tasks whose sends are
     still to post), ``recvs_left``, ``posted_bytes``, ``received`` ((data, producer)
@@ -89,7 +96,7 @@ class Transfers:
         self.outbox: list[int] = []
         self.sends_waiting: deque[Message] = deque(plan.sends.get(INITIAL, ()))
         self.sends_active: list = []
-        self.sends_active_msgs: list[tuple[Message, float]] = []
+        self.sends_active_msgs: list[tuple[Message, float, int]] = []
         self.recvs_todo: deque[Message] = deque(m for m in plan.recvs if m.kind == "tile")
         self.expected = {(m.src, m.tag): m for m in plan.recvs}
         self.recvs_active: list = []
@@ -99,6 +106,9 @@ class Transfers:
         self.received: dict[tuple[int, int], object] = {}
         self.refs: dict[tuple[int, int], int] = {}
         self.recv_rows: list[tuple[Message, float, float, int]] = []
+        if any(m.home for m in plan.recvs):  # versions made elsewhere land in storage
+            self.tile_buffer = self._home_buffer  # type: ignore[method-assign]
+            self.deliver = self._deliver_home  # type: ignore[method-assign]
 
     # -- the start and the end -------------------------------------------------------
 
@@ -254,24 +264,41 @@ class Transfers:
             at = self.trace.clock()  # before the call: the message may land before it returns
         active = self.sends_active
         active.append(self.net.isend(payload, msg.dst, msg.tag))
-        self.sends_active_msgs.append((msg, at))
+        # (a value's planned size is a guess: its real one is the pickle sent)
+        nbytes = msg.nbytes if msg.kind != "value" else len(payload)
+        self.sends_active_msgs.append((msg, at, nbytes))
         stats = self.stats
         stats.sent += 1
-        stats.bytes_sent += msg.nbytes if msg.kind != "value" else len(payload)
+        stats.bytes_sent += nbytes
         if len(active) > stats.peak_sends:
             stats.peak_sends = len(active)
 
     def payload(self, msg: Message):
-        """What a message carries: a local tile, a pickled value, or nothing."""
+        """What a message carries: a local tile or array, a version written here of
+        another rank's data, a pickled value or object, or nothing."""
         if msg.kind == "tile":
-            arr = self.tiles.get(msg.data)
-            if arr is None:
-                tile = self.graph.data[msg.data].the_tile
-                arr = self.tiles[msg.data] = tile.matrix.tiles[tile.i, tile.j]
+            arr = self.storage(msg.data)
+            if arr is None:  # another rank's data, written here
+                arr = self.received[msg.data, msg.producer]
             return arr
         if msg.kind == "value":
+            plain = self.graph.data[msg.data].item
+            if plain is not None:  # plain data: the object as it is now
+                return commlib.dumps(plain.value)
             return self.pickled[msg.producer]
         return b""
+
+    def storage(self, d: int):
+        """The local storage of data d (a tile of this rank, or plain data homed
+        here), or None if it lives elsewhere."""
+        arr = self.tiles.get(d)
+        if arr is None:
+            tile = self.graph.data[d].tile
+            if tile is not None:
+                arr = tile.matrix.tiles.get((tile.i, tile.j))
+                if arr is not None:
+                    self.tiles[d] = arr
+        return arr
 
     def test_sends(self) -> bool:
         """Test the sends in flight; count down what the completed ones release. Token
@@ -285,8 +312,7 @@ class Transfers:
         try:
             woken = 0
             count_down = self.sched.count_down
-            for msg, posted in finished:
-                nbytes = msg.nbytes if msg.kind != "value" else len(self.pickled[msg.producer])
+            for msg, posted, nbytes in finished:
                 self.trace.message(msg.dst, nbytes, msg.tag, posted, +1)
                 woken += count_down(msg.release)
             if woken and self.owner.waiting:
@@ -322,6 +348,17 @@ class Transfers:
         """A pooled buffer for a tile message."""
         assert msg.shape is not None and msg.dtype is not None
         return self.pool.get(msg.shape, msg.dtype)
+
+    def _home_buffer(self, msg: Message) -> np.ndarray:
+        """:meth:`tile_buffer` of a plan with home messages: these land in storage."""
+        if msg.home:
+            arr = self.storage(msg.data)
+            if arr is None:
+                raise RunError(
+                    f"rank {self.net.rank} has no storage for {self.graph.data[msg.data].label()}"
+                )
+            return arr
+        return self.pool.get(msg.shape, msg.dtype)  # type: ignore[arg-type]
 
     def start_recv(self, msg: Message, req, buf) -> None:
         """A receive was posted (or a probed message is being received)."""
@@ -414,6 +451,16 @@ class Transfers:
             key = (msg.data, msg.producer)
             self.received[key] = buf if kind == "tile" else values[msg.tag, msg.src]  # type: ignore[index]
             self.refs[key] = len(msg.consumers)
+
+    def _deliver_home(self, entry: tuple, done_at: float, values: dict | None) -> None:
+        """:meth:`deliver` of a plan with home messages: the storage such a message
+        landed in is the data's own, read there (never received, never pooled)."""
+        Transfers.deliver(self, entry, done_at, values)
+        msg = entry[0]
+        if msg.home:
+            key = (msg.data, msg.producer)
+            del self.received[key]
+            del self.refs[key]
 
     def release_reads(self, reads) -> None:
         """A task that read ``reads`` ((data, producer) pairs) ended: a received buffer

@@ -18,11 +18,21 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from ..dsl.tasks import Ref
 from ..trace.events import TASK_DONE, TASK_FAILED
 from . import comm as commlib
 from .direct import Staged
 from .schedstate import DONE
+
+
+def _new_buffer(datum) -> np.ndarray:
+    """A buffer for a version of ``datum`` written without being read first."""
+    if datum.tile is not None:
+        return np.empty(datum.tile.shape, datum.tile.dtype, order="F")  # (tiles are F)
+    item = datum.item
+    return np.empty(item.shape, item.dtype)
 
 
 class WorkerLoop:
@@ -167,6 +177,39 @@ class WorkerLoop:
             }
             return task.fn.fn(*args, **kwargs)
         return task.fn.fn(*args)
+
+    def _call_foreign(self: Any, t: int):
+        """:meth:`_call` on a rank with tasks that write data of other ranks (see
+        :attr:`~taskgraph.plan.planner.RankPlan.foreign`): such a task writes the
+        version it read here (or a new buffer, if it only writes), which is then the
+        version it made, kept here (never pooled) for readers here and its sends."""
+        away = self.plan.foreign.get(t)
+        if away is None:
+            return WorkerLoop._call(self, t)
+        task = self.graph.tasks[t]
+        tr = self.transfers
+        made: dict[int, Any] = {}
+        with self.lock:
+            for d, prev in away:
+                if (d, prev) in task.reads:
+                    buf = tr.received[d, prev]
+                    tr.refs.pop((d, prev), None)  # written now: never back to the pool
+                else:
+                    buf = _new_buffer(self.graph.data[d])
+                tr.received[d, t] = made[d] = buf
+        args = [
+            (made[a.data] if a.data in made else self._fetch(a.data, task.reads))
+            if a.__class__ is Ref
+            else a
+            for a in task.args
+        ]
+        kwargs = {
+            k: (made[v.data] if v.data in made else self._fetch(v.data, task.reads))
+            if v.__class__ is Ref
+            else v
+            for k, v in (task.kwargs or {}).items()
+        }
+        return task.fn.fn(*args, **kwargs)
 
     def _fetch(self: Any, d: int, reads: tuple):
         """The local array or value of the data a task uses (``reads``: the
