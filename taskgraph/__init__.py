@@ -23,10 +23,11 @@ from .core.errors import (
     TaskgraphError,
 )
 from .dsl.access import Access, Mode
+from .dsl.datadeps import Data, r, rw, w
 from .dsl.graph import Graph, task
 from .dsl.kernel import Kernel, kernel
 from .dsl.tasks import Future, TaskRef
-from .dsl.tiled import Tile, TiledMatrix
+from .dsl.tiled import Tile, TiledMatrix, TiledVector
 from .plan.planner import Plan, RankPlan, make_plan
 from .trace.events import Trace, TraceError
 
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Access",
     "Cluster",
+    "Data",
     "JobCluster",
     "Future",
     "Graph",
@@ -53,12 +55,16 @@ __all__ = [
     "TaskgraphError",
     "Tile",
     "TiledMatrix",
+    "TiledVector",
     "Trace",
     "TraceError",
     "compile_kernels",
     "current_cluster",
     "kernel",
     "make_plan",
+    "r",
+    "rw",
     "task",
     "teach",
+    "w",
 ]

@@ -10,7 +10,8 @@ the data a new task touches into the edges a sequential run implies::
     write after write  (WAW): the writer waits for the last writer (if no reader between)
 
 Readers of the same version get no edges between them. Every recording path (kernel
-calls on marked tiles, ``@tg.task`` calls) ends in :meth:`Builder.append`, except the
+calls on marked tiles or plain data, ``@tg.task`` calls) ends in :meth:`Builder.append`,
+except the
 plain call of futures and constants (:meth:`Builder.add_plain_call`): a value has one
 writer, its task, so reading one is RAW alone.
 """
@@ -21,9 +22,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..core.errors import GraphError
 from . import nested
 from .access import Access, Mode
+from .datadeps import Data as DataHandle
 from .tasks import INITIAL, Data, Future, Ref, Task, TaskRef
 
 if TYPE_CHECKING:
@@ -35,7 +39,12 @@ _stack = threading.local()  # the builders of the graphs open in this thread
 # arguments a call passes on as they are, without a look at what they might refer to
 _CONSTANTS = frozenset({int, float, complex, str, bytes, bool, type(None)})
 
-# (mode, tile shape, dtype) of a kernel argument -> a small int, for signature keys
+# kernel arguments passed as they are (scalars): numbers, and small tuples of them
+_SCALARS = (int, float, complex, bool, np.integer, np.floating, np.complexfloating, np.bool_)
+_SCALAR_TUPLE = 16  # the most items a scalar tuple may have
+
+# (mode, tile shape, dtype) of a kernel argument -> a small int, for signature keys;
+# a scalar's is (0, (), its type), a scalar tuple's (0, (), (the types of its items))
 _SIGNATURES: dict[tuple, int] = {}
 _SIGNATURE_OF: dict[int, tuple] = {}
 
@@ -71,7 +80,8 @@ def _check_signature(kernel, key: tuple[int, ...]) -> tuple[str, float]:
     if len(_SIGNATURE_OF) != len(_SIGNATURES):
         _SIGNATURE_OF.update({v: k for k, v in _SIGNATURES.items()})
     sig = [_SIGNATURE_OF[k] for k in key]
-    modes, shapes, dtypes = [Mode(s[0]) for s in sig], [s[1] for s in sig], [s[2] for s in sig]
+    modes = [Mode(s[0]) if s[0] else None for s in sig]
+    shapes, dtypes = [s[1] for s in sig], [s[2] for s in sig]
     problem = kernel.check(modes, shapes, dtypes)
     known = (problem, kernel.cost(shapes) if not problem else 0.0)
     kernel.signatures[key] = known
@@ -168,19 +178,22 @@ class Builder:
 
     # -- kernel calls ----------------------------------------------------------------
 
-    def data_id(self, key: tuple, tile=None) -> int:
-        """The id of the data with ``key`` (a tile's), added on first use."""
+    def data_id(self, key: tuple, tile=None, item: DataHandle | None = None) -> int:
+        """The id of the data with ``key`` (a tile's, or a plain datum's: then ``item``
+        is its handle), added on first use."""
         d = self._data_index.get(key)
         if d is None:
             d = len(self.data)
             self._data_index[key] = d
-            self.data.append(Data(key, tile, INITIAL))
+            self.data.append(Data(key, tile, INITIAL, item))
             self.last_writer.append(INITIAL)
             self.readers.append(None)
         return d
 
     def add_kernel_task(self, kernel, args) -> TaskRef:
-        """Record ``kernel(*args)``; every argument must be a marked tile.
+        """Record ``kernel(*args)``; every argument must be a marked tile, marked plain
+        data (``tg.rw(x)``) or, where the kernel declares one, a scalar (passed on as a
+        constant of the task).
 
         Per-mark facts are looked up by the mark's identity (a matrix hands out the
         same marks for a tile while a graph is recorded): a shared :class:`Ref` and an
@@ -190,10 +203,12 @@ class Builder:
         """
         marks = self._marks
         ds, refs, sigs = [], [], []  # (no comprehensions: each is a call before 3.12)
+        scalars = False
         for a in args:
             p = marks.get(a) if a.__class__ is Access else None
             if p is None:
                 p = self._mark_facts(kernel, args, a)
+                scalars = scalars or p[0] is None
             ds.append(p[0])
             refs.append(p[1])
             sigs.append(p[2])
@@ -203,17 +218,27 @@ class Builder:
             known = _check_signature(kernel, key)
         if known[0]:
             raise GraphError(f"task {self._kernel_label(kernel, args)}: {known[0]}")
-        touched = tuple(refs)
+        task_args = tuple(refs)
+        touched = task_args
+        if scalars:  # the constants are arguments, not data
+            touched = tuple([r for r in refs if r.__class__ is Ref])
+            ds = [d for d in ds if d is not None]
         if len(ds) > 1 and len(set(ds)) < len(ds):  # a tile twice
             merged = self._merged(touched, lambda: self._kernel_label(kernel, args))
-            return self.append(kernel, touched, None, merged, known[1])
-        return self.append(kernel, touched, None, touched, known[1])
+            return self.append(kernel, task_args, None, merged, known[1])
+        return self.append(kernel, task_args, None, touched, known[1])
 
-    def _mark_facts(self, kernel, args, a) -> tuple[int, Ref, int]:
-        """(data id, shared Ref, signature id) of a marked tile, remembered per mark."""
+    def _mark_facts(self, kernel, args, a) -> tuple:
+        """(data id, shared Ref, signature id) of a marked tile or datum, remembered
+        per mark; (None, the value, signature id) of a scalar."""
         if a.__class__ is not Access and not isinstance(a, Access):
-            self._not_marked(kernel, args)
+            kind = _scalar_kind(a)
+            if kind is None:
+                self._not_marked(kernel, args)
+            return (None, a, _SIGNATURES.setdefault((0, (), kind), len(_SIGNATURES)))
         t = a.tile
+        if t.__class__ is DataHandle:
+            return self._datum_facts(kernel, args, a, t)
         m = t.matrix
         d = self.data_id((m.uid, t.i, t.j), t)
         sig = (a.code, m.tile_shape(t.i, t.j), m.dtype)
@@ -222,6 +247,33 @@ class Builder:
         if m.uid not in self._matrices:
             self._matrices[m.uid] = m
         return facts
+
+    def _datum_facts(self, kernel, args, a: Access, item: DataHandle) -> tuple:
+        """:meth:`_mark_facts` of a marked plain datum (it must be an array)."""
+        label = lambda: self._kernel_label(kernel, args)  # noqa: E731
+        if not item.is_array:
+            raise GraphError(
+                f"task {label()}: {item.describe()} is not a NumPy array: kernels take arrays "
+                "and tiles; pass objects to @tg.task functions"
+            )
+        d = self._datum_id(item, a.code, label)
+        sig = (a.code, item.shape, item.dtype)
+        facts = (d, self._ref(d, a.code), _SIGNATURES.setdefault(sig, len(_SIGNATURES)))
+        self._marks[a] = facts
+        return facts
+
+    def _datum_id(self, item: DataHandle, mode: int, label: Callable[[], str]) -> int:
+        """The data id of a plain datum used in ``mode``; GraphError naming the task if
+        it cannot be sent between ranks, or is a read-only array marked as written."""
+        problem = item.problem()
+        if problem:
+            raise GraphError(f"task {label()}: {problem}")
+        if mode & 2 and item.is_array and not item.value.flags.writeable:
+            raise GraphError(
+                f"task {label()}: {item.describe()} is marked as written but is a read-only "
+                "array: mark it .r, or mark a writable copy"
+            )
+        return self.data_id(item.key, None, item)
 
     def _ref(self, d: int, mode: int) -> Ref:
         """The Ref of data ``d`` in ``mode``, shared by every task that uses it so."""
@@ -232,20 +284,28 @@ class Builder:
 
     @staticmethod
     def _kernel_label(kernel, args) -> str:
-        return f"{kernel.name}({', '.join(repr(a.tile) for a in args)})"
+        shown = (repr(a.tile) if isinstance(a, Access) else nested.describe(a) for a in args)
+        return f"{kernel.name}({', '.join(shown)})"
 
     @staticmethod
     def _not_marked(kernel, args) -> None:
         for i, a in enumerate(args):
             if isinstance(a, Access):
                 continue
+            if _scalar_kind(a) is not None:
+                continue
+            what = "a marked tile" if hasattr(a, "matrix") else "marked data"
             if hasattr(a, "matrix"):
                 hint = f"mark it: {a!r}.r, {a!r}.w or {a!r}.rw"
+            elif isinstance(a, DataHandle):
+                hint = f"mark it: {a!r}.r, {a!r}.w or {a!r}.rw"
+            elif isinstance(a, np.ndarray):
+                hint = "mark it: tg.r(x), tg.w(x) or tg.rw(x)"
             else:
-                hint = "kernels take marked tiles such as A[i, j].rw"
+                hint = "kernels take marked tiles (A[i, j].rw), marked arrays (tg.rw(x)) or scalars"
             raise GraphError(
-                f"task {kernel.name}(...): argument {i + 1} ({nested.describe(a)}) is not a "
-                "marked tile; " + hint
+                f"task {kernel.name}(...): argument {i + 1} ({nested.describe(a)}) is not "
+                f"{what}; " + hint
             )
 
     # -- @tg.task calls --------------------------------------------------------------
@@ -271,10 +331,19 @@ class Builder:
 
         refs = [r for r in enc_args if r.__class__ is Ref]
         refs += [r for r in (enc_kwargs or {}).values() if r.__class__ is Ref]
+        self._check_data(refs, label)
         self.append(task_fn, enc_args, enc_kwargs, self._merged(refs, label), fn.cost_value)
         task = self.tasks[tid]
         task.writes = task.writes + ((self._new_value(tid), INITIAL),)
         return Future(self.graph, tid)
+
+    def _check_data(self, refs: list[Ref], label: Callable[[], str]) -> None:
+        """GraphError naming the task for plain data it cannot use (see _datum_id)."""
+        data = self.data
+        for r in refs:
+            item = data[r.data].item
+            if item is not None:
+                self._datum_id(item, r.mode, label)
 
     def _new_value(self, tid: int) -> int:
         """Data for the value task ``tid`` returns, written by it; its id."""
@@ -331,7 +400,23 @@ class Builder:
                 raise GraphError(f"{a!r} belongs to graph {a.graph.name!r}, not {graph.name!r}")
             return Ref(self.values[a.id], 1)
         if isinstance(a, Access):
-            return self._ref(self.data_id(a.tile.key, a.tile), a.code)
+            t = a.tile
+            if t.__class__ is DataHandle:
+                return self._ref(self.data_id(t.key, None, t), a.code)
+            return self._ref(self.data_id(t.key, t), a.code)
+        if a.__class__ is DataHandle:  # a bare datum, as a bare tile: read it
+            return self._ref(self.data_id(a.key, None, a), 1)
         if hasattr(a, "matrix") and hasattr(a, "key"):  # a bare tile: read it
             return self._ref(self.data_id(a.key, a), 1)
         return a
+
+
+def _scalar_kind(a):
+    """A scalar kernel argument's type (a tuple's: its items' types), or None if ``a``
+    is not a scalar: a number, a bool, or a small tuple of them."""
+    if isinstance(a, _SCALARS):
+        return a.__class__
+    if a.__class__ is tuple and 0 < len(a) <= _SCALAR_TUPLE:
+        if all(isinstance(x, _SCALARS) for x in a):
+            return tuple(x.__class__ for x in a)
+    return None

@@ -10,10 +10,13 @@ declaration of how it uses each argument::
         y += 2.0 * x
 
 ``modes`` says which arguments are read, written or both; the marks at a call site
-(``A[i, j].rw``) must agree with it. ``dims`` names each argument's dimensions with
-one letter per axis: equal letters must have equal sizes, which the graph checks
-when the task is recorded. ``dtypes`` lists the allowed dtypes (all tile arguments
-share one). ``flops`` gives the cost used for priorities and GFLOP/s.
+(``A[i, j].rw``, ``tg.rw(y)``) must agree with it. An argument declared ``scalar``
+(or ``int``, ``float``) takes a number or a small tuple of numbers, passed to the
+function as it is: ``modes="rw,scalar"``, ``dims="mn,"``. ``dims`` names each
+argument's dimensions with one letter per axis (``""`` for a scalar): equal letters
+must have equal sizes, which the graph checks when the task is recorded. ``dtypes``
+lists the allowed dtypes (all array arguments share one). ``flops`` gives the cost
+used for priorities and GFLOP/s.
 
 Called on NumPy arrays outside a graph, a kernel simply runs. Called on tile
 accesses inside ``with tg.Graph():``, it records a task.
@@ -30,7 +33,8 @@ import numpy as np
 
 from ..core.errors import GraphError
 from . import builder as recording
-from .access import Access, Mode, parse_modes
+from .access import Access, Mode
+from .datadeps import Data
 from .nested import describe
 from .tasks import check_timeout
 
@@ -62,7 +66,8 @@ class Kernel:
         # short tasks): said by the caller, else a numba function compiled nogil=True
         self.nogil = releases_gil(fn) if nogil is None else bool(nogil)
         self.name: str = name or str(getattr(fn, "__name__", "kernel"))
-        self.modes = parse_modes(modes)
+        # per argument: its Mode, or None for a scalar (then ``scalars`` says which kind)
+        self.modes, self.scalars = _parse_modes(self.name, modes)
         if isinstance(dims, str):
             dims = tuple(d.strip() for d in dims.split(","))
         self.dims: tuple[str, ...] | None = tuple(dims) if dims is not None else None
@@ -70,6 +75,12 @@ class Kernel:
             raise ValueError(
                 f"kernel {self.name}: {len(self.modes)} modes but {len(self.dims)} dims"
             )
+        for i, (kind, spec) in enumerate(zip(self.scalars, self.dims or ())):
+            if kind and spec:
+                raise ValueError(
+                    f"kernel {self.name}: argument {i + 1} is a {kind}: its dims entry must be "
+                    f"'', not {spec!r}"
+                )
         self.dtypes = tuple(np.dtype(d) for d in dtypes) if dtypes else None
         self.flops_fn = flops
         # (mode, shape, dtype) per argument -> (problem or "", flops): see Graph
@@ -81,14 +92,14 @@ class Kernel:
         self.__name__ = self.name
 
     def __repr__(self) -> str:
-        marks = ",".join(m.mark for m in self.modes)
+        marks = ",".join(m.mark if m is not None else k for m, k in zip(self.modes, self.scalars))
         return f"<kernel {self.name}({marks})>"
 
     def __call__(self, *args):
         if args and args[0].__class__ is Access:  # the common case when recording
             return recording.current(self.name).add_kernel_task(self, args)
         for a in args:
-            if isinstance(a, Access) or hasattr(a, "matrix"):
+            if isinstance(a, Access | Data) or hasattr(a, "matrix"):
                 return recording.current(self.name).add_kernel_task(self, args)
         if recording.active() is not None:
             self._refuse_in_graph(args)
@@ -98,25 +109,26 @@ class Kernel:
         shown = ", ".join(describe(a) for a in args)
         raise GraphError(
             f"kernel call {self.name}({shown}) inside `with tg.Graph():` would run at once "
-            "and record no task: plain NumPy arrays have no access marks yet. Pass marked "
-            "tiles of a TiledMatrix (A[i, j].rw), or call the kernel outside the graph"
+            "and record no task: its arrays are not marked. Mark them (tg.r(x), tg.w(x), "
+            "tg.rw(x)) or pass marked tiles (A[i, j].rw), or call the kernel outside the graph"
         )
 
     # -- pure checks, used when a task is recorded -------------------------------------
 
-    def check(self, modes: Sequence[Mode], shapes: Sequence[tuple], dtypes: Sequence) -> str:
+    def check(self, modes: Sequence[Mode | None], shapes: Sequence[tuple], dtypes: Sequence) -> str:
         """ "" if arguments of these ``modes``, ``shapes`` and ``dtypes`` (one each per
-        argument) fit the declaration, else what is wrong."""
+        argument) fit the declaration, else what is wrong.
+
+        A scalar argument is given as mode None, shape ``()`` and its type as dtype
+        (a scalar tuple: the tuple of its items' types); its value is not checked."""
         if len(modes) != len(self.modes):
-            return f"{self.name} takes {len(self.modes)} tiles, got {len(modes)}"
+            what = "arguments" if any(self.scalars) else "tiles"
+            return f"{self.name} takes {len(self.modes)} {what}, got {len(modes)}"
         for i, (given, declared) in enumerate(zip(modes, self.modes)):
-            if given != declared:
-                verb = {Mode.R: "reads", Mode.W: "writes", Mode.RW: "reads and writes"}[declared]
-                return (
-                    f"argument {i + 1} is marked .{given.mark} but {self.name} {verb} it: "
-                    f"mark it .{declared.mark}"
-                )
-        kinds = {np.dtype(d) for d in dtypes}
+            problem = self._check_one(i, given, declared, dtypes[i])
+            if problem:
+                return problem
+        kinds = {np.dtype(d) for d, m in zip(dtypes, modes) if m is not None}
         if len(kinds) > 1:
             names = ", ".join(str(np.dtype(d)) for d in dtypes)
             return f"{self.name} needs tiles of one dtype, got {names}"
@@ -125,6 +137,34 @@ class Kernel:
             return f"{self.name} works on {allowed}, not {next(iter(kinds))}"
         if self.dims is not None:
             return _check_dims(self.name, self.dims, shapes)
+        return ""
+
+    def _check_one(self, i: int, given: Mode | None, declared: Mode | None, kind) -> str:
+        """What is wrong with argument ``i`` (mode ``given``, dtype or scalar type
+        ``kind``) where ``declared`` is expected; "" if nothing."""
+        if declared is None:
+            scalar = self.scalars[i]
+            if given is not None:
+                return (
+                    f"argument {i + 1} of {self.name} is a {scalar}, but a marked array or "
+                    "tile was given: pass the number itself"
+                )
+            if not _scalar_fits(scalar, kind):
+                wanted = _A[scalar]
+                return f"argument {i + 1} of {self.name} must be {wanted}, not {_type_name(kind)}"
+            return ""
+        verb = {Mode.R: "reads", Mode.W: "writes", Mode.RW: "reads and writes"}[declared]
+        if given is None:
+            return (
+                f"argument {i + 1} of {self.name} is data it {verb}, but {_type_name(kind)} was "
+                f"given: pass a marked array or tile (tg.{declared.mark}(x), "
+                f"A[i, j].{declared.mark})"
+            )
+        if given != declared:
+            return (
+                f"argument {i + 1} is marked .{given.mark} but {self.name} {verb} it: "
+                f"mark it .{declared.mark}"
+            )
         return ""
 
     def sizes(self, shapes: Sequence[tuple]) -> dict[str, int]:
@@ -150,6 +190,49 @@ class Kernel:
             for dt in dtypes:
                 self._compile(np.dtype(dt))
         return time.perf_counter() - t0
+
+
+_SCALAR_KINDS = ("scalar", "int", "float")
+_A = {"scalar": "a number or a tuple of numbers", "int": "an int", "float": "a float"}
+
+
+def _parse_modes(name: str, spec: str | Sequence) -> tuple[tuple, tuple]:
+    """(a Mode or None per argument, the scalar kind or "" per argument) of ``spec``."""
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    modes: list[Mode | None] = []
+    kinds: list[str] = []
+    for p in parts:
+        text = p.strip().lower() if isinstance(p, str) else p
+        if text in _SCALAR_KINDS:
+            modes.append(None)
+            kinds.append(text)
+        else:
+            try:
+                modes.append(p if isinstance(p, Mode) else Mode.parse(p))
+            except ValueError as e:
+                raise ValueError(f"kernel {name}: {e}, or 'scalar', 'int', 'float'") from None
+            kinds.append("")
+    return tuple(modes), tuple(kinds)
+
+
+def _scalar_fits(scalar: str, kind) -> bool:
+    """Whether a scalar of type ``kind`` (a tuple: of items of these types) fits a
+    parameter declared ``scalar``, ``int`` or ``float``."""
+    if scalar == "scalar":
+        return True
+    if isinstance(kind, tuple) or not isinstance(kind, type):
+        return False
+    if issubclass(kind, int | np.integer | np.bool_):
+        return True  # (an int is a fine float)
+    return scalar == "float" and issubclass(kind, float | np.floating)
+
+
+def _type_name(kind) -> str:
+    if isinstance(kind, tuple):
+        return "a tuple of " + ", ".join(k.__name__ for k in kind)
+    if isinstance(kind, type):
+        return f"a {kind.__name__}"
+    return f"{np.dtype(kind)} data"
 
 
 def releases_gil(fn: Callable) -> bool:
@@ -221,18 +304,20 @@ Parameters
 fn:
     The function on NumPy tiles (often a numba ``njit(nogil=True)`` function).
 modes:
-    How it uses each argument, ``"r,rw"`` or ``("r", "rw")``: read, write or both.
-    The marks at a call site (``A[i, j].rw``) must agree.
+    How it uses each argument, ``"r,rw"`` or ``("r", "rw")``: read, write or both;
+    ``scalar`` (or ``int``, ``float``) for a number or a small tuple of numbers,
+    passed to the function as it is. The marks at a call site (``A[i, j].rw``,
+    ``tg.rw(x)``) must agree.
 name:
     The name in labels and traces (default: the function's).
 dims:
     One letter per axis of each argument, ``"mk,nk,mn"``: equal letters must have
-    equal sizes, checked when a task is recorded.
+    equal sizes, checked when a task is recorded. A scalar's entry is ``""``.
 dtypes:
     The dtypes it accepts (all tile arguments of a call share one).
 flops:
-    ``flops(**sizes)``, the cost of one call from the sizes named in ``dims``; used
-    for priorities and GFLOP/s (default 1.0).
+    ``flops(**sizes)``, the cost of one call from the sizes named in ``dims`` (and
+    nothing else: not the scalars); used for priorities and GFLOP/s (default 1.0).
 compile:
     ``compile(dtype)`` compiles it ahead for a dtype (see :meth:`Kernel.compile`).
 nogil:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import GraphError
 
 if TYPE_CHECKING:
+    from .datadeps import Data as DataHandle
     from .graph import Graph
     from .tiled import Tile
 
@@ -35,11 +36,13 @@ class Ref:
 
 @dataclass(slots=True)
 class Data:
-    """One piece of data a graph touches: a tile of a matrix, or a task's value."""
+    """One piece of data a graph touches: a tile of a matrix, a task's value, or a
+    plain array or object marked with ``tg.r/w/rw`` (its handle is ``item``)."""
 
-    key: tuple | None  # (matrix, i, j) for tiles; None for values
+    key: tuple | None  # (matrix, i, j) for tiles; ("data", uid) for plain data; None for values
     tile: Tile | None = None  # the Tile, for tiles
     producer: int = INITIAL  # the task, for values
+    item: DataHandle | None = None  # the taskgraph.dsl.datadeps.Data, for plain data
     size: int | None = None  # a value's declared size in bytes (``@tg.task(nbytes=...)``)
 
     @property
@@ -55,13 +58,21 @@ class Data:
 
     @property
     def nbytes(self) -> int:
+        if self.item is not None:
+            return self.item.nbytes
         if self.tile is None:  # values are small unless declared otherwise
             return 64 if self.size is None else self.size
-        r, c = self.tile.shape
-        return r * c * self.tile.dtype.itemsize
+        size = self.tile.dtype.itemsize
+        for n in self.tile.shape:  # (2-D tiles, 1-D tiles of vectors)
+            size *= n
+        return size
 
     def label(self) -> str:
-        return repr(self.tile) if self.tile is not None else f"value of task {self.producer}"
+        if self.tile is not None:
+            return repr(self.tile)
+        if self.item is not None:
+            return self.item.describe()
+        return f"value of task {self.producer}"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,257 @@
+"""Plain data a task reads or writes: NumPy arrays of any shape and dtype, and objects.
+
+``tg.rw(y)`` marks ``y`` as read and written by the call it is passed to, as
+``A[i, j].rw`` marks a tile; the graph infers dependencies from the marks (as
+Dagger.jl's Datadeps, StarPU's data handles and PyCOMPSs's ``INOUT`` do)::
+
+    x, y = np.arange(4.0), np.zeros(4)
+    with tg.Graph() as g:
+        axpy(tg.r(x), tg.rw(y))      # a kernel call
+        scale(tg.rw(y), 2.0)         # a @tg.task call: scale gets y itself
+
+Each object has one :class:`Data` handle per process (``tg.Data(x)`` twice gives the
+same handle), which keeps the object alive. A handle pickles with its value and comes
+back, in another process, as one handle per handle of the sender: a graph sent twice
+to an engine refers to the same array there both times.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import uuid
+import weakref
+
+import numpy as np
+
+from ..core.errors import GraphError
+from .access import Access, Mode
+
+_uids = itertools.count()
+# who made a handle: a handle that comes back from pickling is found again by it
+_ORIGIN = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+_by_object: weakref.WeakValueDictionary[int, Data] = weakref.WeakValueDictionary()
+_by_uid: weakref.WeakValueDictionary[tuple[str, int], Data] = weakref.WeakValueDictionary()
+
+
+class Data:
+    """A handle on a NumPy array or a picklable object that tasks read and write.
+
+    value:
+        The array or object (any NumPy dtype, any number of dimensions).
+    rank:
+        The rank it lives on, or None: the planner chooses one by size.
+    name:
+        The name in labels and messages (default ``Data#<uid>``).
+
+    ``tg.Data(x)`` of an object that already has a handle returns that handle.
+    Mark it with ``D.r``, ``D.w`` or ``D.rw`` (or ``tg.r(D)``...).
+    """
+
+    __slots__ = (
+        "value",
+        "rank",
+        "name",
+        "uid",
+        "origin",
+        "_r",
+        "_w",
+        "_rw",
+        "_problem",
+        "_pickled_size",
+        "__weakref__",
+    )
+
+    def __new__(cls, value, rank: int | None = None, name: str | None = None):
+        if isinstance(value, Data):
+            value._agree(rank, name)
+            return value
+        _refuse_handles(value, "tg.Data")
+        known = _by_object.get(id(value))
+        if known is not None and known.value is value:
+            known._agree(rank, name)
+            return known
+        self = object.__new__(cls)
+        self._setup(value, _check_rank(rank), name, next(_uids), _ORIGIN)
+        _by_object[id(value)] = self
+        return self
+
+    def _setup(self, value, rank: int | None, name: str | None, uid: int, origin: str) -> None:
+        self.value = value
+        self.rank = rank
+        self.uid = uid
+        self.origin = origin
+        self.name = name or f"Data#{uid}"
+        self._r: Access | None = None
+        self._w: Access | None = None
+        self._rw: Access | None = None
+        self._problem: str | None = None  # None: not checked yet
+        self._pickled_size = 64  # (measured by problem(), for objects)
+        _by_uid[origin, uid] = self
+
+    def _agree(self, rank: int | None, name: str | None) -> None:
+        """Pin or name a handle made before; ValueError if that contradicts it."""
+        rank = _check_rank(rank)
+        if rank is not None and self.rank is not None and rank != self.rank:
+            raise ValueError(f"{self.name} is pinned to rank {self.rank}, not {rank}")
+        if rank is not None:
+            self.rank = rank
+        if name is not None and name != self.name:
+            if not self.name.startswith("Data#"):
+                raise ValueError(f"{self.name} already has a name; cannot call it {name!r}")
+            self.name = name
+
+    def __reduce__(self):
+        return (_restore, (self.origin, self.uid, self.value, self.rank, self.name))
+
+    def __repr__(self) -> str:
+        return self.name
+
+    # -- what the planner and the executor need ------------------------------------
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``("data", uid)``: names this datum in a graph."""
+        return ("data", self.uid)
+
+    @property
+    def is_array(self) -> bool:
+        """Whether the value is a NumPy array sent as a buffer (any dtype but object)."""
+        v = self.value
+        return isinstance(v, np.ndarray) and v.dtype != object
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """The array's shape (None for objects)."""
+        return self.value.shape if self.is_array else None
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        """The array's dtype (None for objects)."""
+        return self.value.dtype if self.is_array else None
+
+    @property
+    def nbytes(self) -> int:
+        """The array's size in bytes; an object's pickled size (measured once)."""
+        if self.is_array:
+            return int(self.value.nbytes)
+        self.problem()
+        return self._pickled_size
+
+    def describe(self) -> str:
+        """The name, and an array's dtype and shape (never its values)."""
+        if self.is_array:
+            return f"{self.name}<{self.dtype} {self.shape}>"
+        return f"{self.name}<{type(self.value).__name__}>"
+
+    def problem(self) -> str:
+        """ "" if the value can be sent between ranks, else why not (checked once)."""
+        if self._problem is None:
+            self._problem = self._find_problem()
+        return self._problem
+
+    def _find_problem(self) -> str:
+        v = self.value
+        if self.is_array:
+            if not (v.flags.c_contiguous or v.flags.f_contiguous):
+                return (
+                    f"{self.describe()} is a strided view, which cannot move as one buffer: "
+                    "mark a contiguous array (np.ascontiguousarray(x)) and read the result there"
+                )
+            return ""
+        try:
+            self._pickled_size = len(pickle.dumps(v, protocol=5))
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError) as e:
+            return f"{self.describe()} cannot be sent to another rank: pickling fails ({e})"
+        return ""
+
+    # -- marks -------------------------------------------------------------------------
+
+    @property
+    def r(self) -> Access:
+        """This datum marked as read by the task."""
+        a = self._r
+        if a is None:
+            a = self._r = Access(self, Mode.R, 1)
+        return a
+
+    @property
+    def w(self) -> Access:
+        """This datum marked as written (overwritten) by the task."""
+        a = self._w
+        if a is None:
+            a = self._w = Access(self, Mode.W, 2)
+        return a
+
+    @property
+    def rw(self) -> Access:
+        """This datum marked as read and written by the task."""
+        a = self._rw
+        if a is None:
+            a = self._rw = Access(self, Mode.RW, 3)
+        return a
+
+
+def _restore(origin: str, uid: int, value, rank: int | None, name: str) -> Data:
+    """The handle ``(origin, uid)`` in this process: the one made or received before,
+    else a new one on the value that came with it."""
+    known = _by_uid.get((origin, uid))
+    if known is not None:
+        return known
+    self = object.__new__(Data)
+    self._setup(value, rank, name, uid, origin)
+    if _by_object.get(id(value)) is None:
+        _by_object[id(value)] = self
+    return self
+
+
+def _check_rank(rank) -> int | None:
+    if rank is None:
+        return None
+    if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 0:
+        raise ValueError(f"rank must be a rank number (an int >= 0) or None, not {rank!r}")
+    return int(rank)
+
+
+def _refuse_handles(x, what: str) -> None:
+    """GraphError for what has its own marks or dependencies: futures, tiles, marks."""
+    from .tasks import TaskRef  # (tasks imports nothing of this module)
+
+    if isinstance(x, TaskRef):
+        raise GraphError(
+            f"{what}({x!r}): a future is the value of a task; pass it as it is "
+            "(a task that gets it reads it and waits for its task)"
+        )
+    if isinstance(x, Access):
+        raise GraphError(f"{what}({x!r}): this is marked already; pass it as it is")
+    if hasattr(x, "matrix") and hasattr(x, "key"):
+        raise GraphError(f"{what}({x!r}): mark a tile with {x!r}.r, {x!r}.w or {x!r}.rw")
+    if hasattr(x, "tiles") and hasattr(x, "uid"):
+        raise GraphError(f"{what}({x.name}): mark its tiles (A[i, j].rw), not the whole matrix")
+
+
+def data(x) -> Data:
+    """The handle of ``x`` (a :class:`Data`, or an array or object: its handle, made on
+    first use)."""
+    return x if isinstance(x, Data) else Data(x)
+
+
+def r(x) -> Access:
+    """``x`` (an array, an object or a :class:`Data`) marked as read by the task."""
+    _refuse_handles(x, "tg.r")
+    return data(x).r
+
+
+def w(x) -> Access:
+    """``x`` (an array, an object or a :class:`Data`) marked as written by the task:
+    it may overwrite it in place (its old contents are not read)."""
+    _refuse_handles(x, "tg.w")
+    return data(x).w
+
+
+def rw(x) -> Access:
+    """``x`` (an array, an object or a :class:`Data`) marked as read and written by
+    the task: it may update it in place."""
+    _refuse_handles(x, "tg.rw")
+    return data(x).rw
