@@ -521,10 +521,10 @@ def TiledVector(n: int, tile: int | tuple[int], dtype=np.float64, **kw) -> Tiled
 def _geometry(shape, tile) -> tuple[tuple[int, ...], tuple[int, int]]:
     """``(shape, (mb, nb))`` from the user's ``shape`` and ``tile`` (nb is 1 for a
     vector); a ValueError says what is wrong."""
-    dims = (shape, shape) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape, shape)
     if len(dims) not in (1, 2):
         raise ValueError(f"a tiled matrix is 1-D or 2-D, not of shape {shape}")
-    sizes = (tile,) * len(dims) if isinstance(tile, (int, np.integer)) else tuple(tile)
+    sizes = tuple(tile) if isinstance(tile, (tuple, list)) else (tile,) * len(dims)
     if len(sizes) != len(dims):
         raise ValueError(
             f"tile {tile} does not fit shape {shape}: give "
