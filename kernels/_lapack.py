@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import ctypes
 from types import ModuleType
+from typing import Any
 
 from scipy.linalg import cython_blas, cython_lapack
 
-__all__ = ["address", "dgemm", "sgemm", "dsyrk", "ssyrk", "dtrsm", "strsm", "dpotrf", "spotrf"]
+__all__ = [
+    "address", "dgemm", "sgemm", "dsyrk", "ssyrk", "dtrsm", "strsm", "dpotrf", "spotrf",
+    "QR_ROUTINES",
+]  # fmt: skip
 
 # Private prototypes, so that the shared ctypes.pythonapi attributes stay untouched.
 _capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
@@ -72,3 +76,13 @@ strsm = _bind(cython_blas, "strsm", 11)
 # ?potrf(uplo, n, a, lda, info)
 dpotrf = _bind(cython_lapack, "dpotrf", 5)
 spotrf = _bind(cython_lapack, "spotrf", 5)
+
+# The tile-QR routines, for every prefix (s, d, c, z), by name ("dgeqrt", ...):
+# ?geqrt(m, n, nb, a, lda, t, ldt, work, info)
+# ?gemqrt(side, trans, m, n, k, nb, v, ldv, t, ldt, c, ldc, work, info)
+# ?tpqrt(m, n, l, nb, a, lda, b, ldb, t, ldt, work, info)
+# ?tpmqrt(side, trans, m, n, k, l, nb, v, ldv, t, ldt, a, lda, b, ldb, work, info)
+_QR_NARGS = {"geqrt": 9, "gemqrt": 14, "tpqrt": 12, "tpmqrt": 17}
+QR_ROUTINES: dict[str, Any] = {
+    p + op: _bind(cython_lapack, p + op, nargs) for op, nargs in _QR_NARGS.items() for p in "sdcz"
+}

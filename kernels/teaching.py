@@ -60,20 +60,20 @@ _L, _N, _R, _U = (ord(c) for c in "LNRU")  # BLAS option characters
 
 
 def getrf_nopiv_tile(a):
-    """In-place LU of square ``a`` without pivoting (unit L below, U on and above).
+    """In-place LU of ``a`` (m x n) without pivoting (unit L below, U on and above).
 
     Returns 0, or k + 1 when the pivot of row k is zero (this matrix needs pivoting).
     """
-    n = a.shape[0]
-    for k in range(n):
+    m, n = a.shape
+    for k in range(min(m, n)):
         pivot = a[k, k]
         if pivot == 0:
             return k + 1
-        for i in range(k + 1, n):
+        for i in range(k + 1, m):
             a[i, k] /= pivot
         for j in range(k + 1, n):
             akj = a[k, j]
-            for i in range(k + 1, n):
+            for i in range(k + 1, m):
                 a[i, j] -= a[i, k] * akj
     return 0
 
@@ -160,15 +160,12 @@ def _mismatch(op: str, names, shapes, dims: str) -> ValueError:
 
 
 def _getrf_nopiv(a: np.ndarray) -> None:
-    """LU-factorise square tile ``a`` in place without pivoting: a <- L + U − I.
+    """LU-factorise tile ``a`` (m x n) in place without pivoting: a <- L + U − I.
 
-    L is unit lower triangular (its unit diagonal is not stored), U upper triangular.
+    L is unit lower trapezoidal (its unit diagonal is not stored), U upper trapezoidal.
     Raises ValueError on a zero pivot: such a matrix needs pivoting.
     """
-    names = ("a",)
-    shapes, fn = _run("getrf_nopiv", (a,), names)
-    if shapes[0][0] != shapes[0][1]:
-        raise _mismatch("getrf_nopiv", names, shapes, "nn")
+    _, fn = _run("getrf_nopiv", (a,), ("a",))
     info = fn(a)
     if info > 0:
         raise ValueError(
@@ -178,23 +175,25 @@ def _getrf_nopiv(a: np.ndarray) -> None:
 
 
 def _trsm_lower_unit(l: np.ndarray, b: np.ndarray) -> None:  # noqa: E741 (L, the factor)
-    """b <- L⁻¹ b, L the unit lower triangle of ``l`` (k×k); ``b`` is k×n."""
+    """b <- L⁻¹ b, L the unit lower triangle of the leading k×k of ``l`` (k×x, x >= k);
+    ``b`` is k×n."""
     names = ("l", "b")
     shapes, fn = _run("trsm_lower_unit", (l, b), names)
-    (k, k2), (k3, _) = shapes
-    if not k == k2 == k3:
-        raise _mismatch("trsm_lower_unit", names, shapes, "kk,kn")
-    fn(l, b)
+    (k, x), (k3, _) = shapes
+    if not k == k3 <= x:
+        raise _mismatch("trsm_lower_unit", names, shapes, "kk,kn; l may have more columns")
+    fn(l[:, :k], b)
 
 
 def _trsm_upper_right(u: np.ndarray, b: np.ndarray) -> None:
-    """b <- b U⁻¹, U the upper triangle of ``u`` (k×k); ``b`` is m×k."""
+    """b <- b U⁻¹, U the upper triangle of the leading k×k of ``u`` (x×k, x >= k);
+    ``b`` is m×k."""
     names = ("u", "b")
     shapes, fn = _run("trsm_upper_right", (u, b), names)
-    (k, k2), (_, k3) = shapes
-    if not k == k2 == k3:
-        raise _mismatch("trsm_upper_right", names, shapes, "kk,mk")
-    fn(u, b)
+    (x, k), (_, k3) = shapes
+    if not k == k3 <= x:
+        raise _mismatch("trsm_upper_right", names, shapes, "kk,mk; u may have more rows")
+    fn(u[:k], b)
 
 
 def _gemm_nn(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
@@ -231,6 +230,13 @@ def _jacobi_step(
 
 # -- tier 3: the declared kernels -------------------------------------------------------
 
+
+def _getrf_flops(m: int, n: int) -> float:
+    """LU of an m x n matrix: 2mnk − (m + n)k² + 2k³/3 with k = min(m, n) (2n³/3 square)."""
+    k = min(m, n)
+    return 2 * m * n * k - (m + n) * k * k + 2 * k**3 / 3
+
+
 _DTYPE_NAMES = ("float32", "float64")
 
 
@@ -245,9 +251,9 @@ getrf_nopiv = Kernel(
     _getrf_nopiv,
     name="getrf_nopiv",
     modes="rw",
-    dims="nn",
+    dims="mn",
     dtypes=_DTYPE_NAMES,
-    flops=lambda n: 2 * n**3 / 3,
+    flops=lambda m, n: _getrf_flops(m, n),
     compile=_compiler("getrf_nopiv"),
     nogil=True,
 )
@@ -255,9 +261,9 @@ trsm_lower_unit = Kernel(
     _trsm_lower_unit,
     name="trsm_lower_unit",
     modes="r,rw",
-    dims="kk,kn",
+    dims="kx,kn",
     dtypes=_DTYPE_NAMES,
-    flops=lambda k, n: k * k * n,
+    flops=lambda k, x, n: k * k * n,
     compile=_compiler("trsm_lower_unit"),
     nogil=True,
 )
@@ -265,9 +271,9 @@ trsm_upper_right = Kernel(
     _trsm_upper_right,
     name="trsm_upper_right",
     modes="r,rw",
-    dims="kk,mk",
+    dims="xk,mk",
     dtypes=_DTYPE_NAMES,
-    flops=lambda k, m: m * k * k,
+    flops=lambda x, k, m: m * k * k,
     compile=_compiler("trsm_upper_right"),
     nogil=True,
 )

@@ -7,6 +7,8 @@ import numpy as np
 from .dsl.graph import Graph
 from .dsl.tiled import TiledMatrix
 
+QR_IB = 32  # the default inner block size of the QR kernels
+
 
 def cholesky(A: TiledMatrix, name: str = "cholesky") -> Graph:
     """The task graph of the right-looking tiled Cholesky factorisation A = L Lᵀ.
@@ -25,6 +27,105 @@ def cholesky(A: TiledMatrix, name: str = "cholesky") -> Graph:
                 for n in range(k + 1, m):
                     gemm(A[m, k].r, A[n, k].r, A[m, n].rw)
     return g
+
+
+def lu_nopiv(A: TiledMatrix, name: str = "lu-nopiv") -> Graph:
+    """The task graph of the right-looking tiled LU factorisation without pivoting.
+
+    Overwrites A (m x n, any shape) with L (unit lower, below the diagonal; its unit
+    diagonal is not stored) and U (on and above it), as LAPACK's ``getrf`` stores them.
+    Only safe for matrices that need no pivoting (diagonally dominant ones, say). Every
+    diagonal tile but the last must be square.
+    """
+    from taskgraph.kernels.teaching import gemm_nn, getrf_nopiv, trsm_lower_unit, trsm_upper_right
+
+    with Graph(name) as g:
+        for k in range(min(A.mt, A.nt)):
+            getrf_nopiv(A[k, k].rw)
+            for j in range(k + 1, A.nt):
+                trsm_lower_unit(A[k, k].r, A[k, j].rw)
+            for i in range(k + 1, A.mt):
+                trsm_upper_right(A[k, k].r, A[i, k].rw)
+            for i in range(k + 1, A.mt):
+                for j in range(k + 1, A.nt):
+                    gemm_nn(A[i, k].r, A[k, j].r, A[i, j].rw)
+    return g
+
+
+def qr_workspace(A: TiledMatrix, ib: int = QR_IB, name: str | None = None) -> TiledMatrix:
+    """The matrix of T factors that :func:`qr` of A fills: a tile per tile of A, of at
+    least ``ib`` rows and A's tile's columns, on A's ranks and A's distribution."""
+    mb = A.tile if isinstance(A.tile, int) else A.tile[0]
+    if not 1 <= ib <= mb:
+        raise ValueError(f"qr: the inner block size ib={ib} must be in 1..{mb} (A's tile rows)")
+    return TiledMatrix(
+        (A.mt * mb, A.shape[1]),
+        A.tile,
+        A.dtype,
+        grid=A.grid,
+        distribution=A.distribution,
+        name=name or f"T{A.name}",
+        cluster=A.cluster,
+    )
+
+
+def qr(A: TiledMatrix, T: TiledMatrix, ib: int = QR_IB, name: str = "qr") -> Graph:
+    """The task graph of the flat-tree tiled QR factorisation A = QR (PLASMA's).
+
+    Overwrites A (m x n) with R on and above the diagonal and the Householder vectors
+    below it; ``T`` (made by :func:`qr_workspace` with the same ``ib``) receives the
+    block-reflector factors. ``ib`` is the inner block size of the tile kernels.
+    Q is applied with :func:`qr_apply_qt`. Every diagonal tile but the last must have
+    at least as many rows as columns.
+    """
+    from taskgraph.kernels.qr import qr_kernels
+
+    geqrt, _, tpqrt, _ = qr_kernels(ib)
+    with Graph(name) as g:
+        for k in range(min(A.mt, A.nt)):
+            geqrt(A[k, k].rw, T[k, k].w)
+            _apply_qt_row(A, T, A, k, ib, range(k + 1, A.nt))
+            for m in range(k + 1, A.mt):
+                tpqrt(A[k, k].rw, A[m, k].rw, T[m, k].w)
+                _apply_qt_pair(A, T, A, k, m, ib, range(k + 1, A.nt))
+    return g
+
+
+def qr_apply_qt(
+    A: TiledMatrix, T: TiledMatrix, B: TiledMatrix, ib: int = QR_IB, name: str = "qr-apply-qt"
+) -> Graph:
+    """The task graph of B <- Qᵀ B (Qᴴ for complex), Q from a tiled QR of A by :func:`qr`
+    with the same ``T`` and ``ib``. B has A's rows and row tiles, any number of columns."""
+    with Graph(name) as g:
+        for k in range(min(A.mt, A.nt)):
+            _apply_qt_row(A, T, B, k, ib, range(B.nt))
+            for m in range(k + 1, A.mt):
+                _apply_qt_pair(A, T, B, k, m, ib, range(B.nt))
+    return g
+
+
+def _apply_qt_row(A, T, B, k: int, ib: int, columns: range) -> None:
+    """Tile row k of B <- Qkkᵀ (the reflectors of geqrt on A[k, k])."""
+    from taskgraph.kernels.qr import qr_kernels
+
+    gemqrt = qr_kernels(ib)[1]
+    for n in columns:
+        gemqrt(A[k, k].r, T[k, k].r, B[k, n].rw)
+
+
+def _apply_qt_pair(A, T, B, k: int, m: int, ib: int, columns: range) -> None:
+    """Tile rows k and m of B <- Qmkᵀ (the reflectors of tpqrt on A[k, k], A[m, k])."""
+    from taskgraph.kernels.qr import qr_kernels
+
+    tpmqrt = qr_kernels(ib)[3]
+    for n in columns:
+        tpmqrt(A[m, k].r, T[m, k].r, B[k, n].rw, B[m, n].rw)
+
+
+def qr_flops(m: int, n: int) -> float:
+    """The conventional operation count of a QR factorisation of an m x n matrix (m >= n):
+    2 n² (m − n/3), 4/3 n³ when square."""
+    return 2.0 * n * n * (m - n / 3.0)
 
 
 def cholesky_flops(n: int) -> float:

@@ -22,20 +22,11 @@ from .feedback import Feedback, Finding
 
 
 def reference_lu(A, name: str = "lu-reference") -> Graph:
-    """Right-looking tiled LU without pivoting of A (in place: unit L below, U above)."""
-    from taskgraph.kernels.teaching import gemm_nn, getrf_nopiv, trsm_lower_unit, trsm_upper_right
+    """Right-looking tiled LU without pivoting of A (in place: unit L below, U above):
+    :func:`taskgraph.linalg.lu_nopiv`."""
+    from ..linalg import lu_nopiv
 
-    with Graph(name) as g:
-        for k in range(A.nt):
-            getrf_nopiv(A[k, k].rw)
-            for j in range(k + 1, A.nt):
-                trsm_lower_unit(A[k, k].r, A[k, j].rw)
-            for i in range(k + 1, A.mt):
-                trsm_upper_right(A[k, k].r, A[i, k].rw)
-            for i in range(k + 1, A.mt):
-                for j in range(k + 1, A.nt):
-                    gemm_nn(A[i, k].r, A[k, j].r, A[i, j].rw)
-    return g
+    return lu_nopiv(A, name=name)
 
 
 def reference_jacobi(U, V, steps: int, name: str = "jacobi-reference") -> Graph:
