@@ -213,3 +213,13 @@ def test_engines_trace_the_real_size_of_a_value_they_send(engines):
     assert trace.to_dict()["sent"] == trace.sent.tolist()  # the HTML report's
     assert run.stats.bytes_sent == run.stats.bytes_received == trace.sent[0, 1]
     assert run.plan.traffic()[0, 1] == 64  # the planner's guess, for an undeclared size
+
+
+def test_ranks_that_declare_other_sizes_build_other_graphs():
+    """A size decides placement: ranks whose sizes differ would plan differently, so
+    the fingerprint every rank compares before a run covers it."""
+    from taskgraph.dsl.fingerprint import fingerprint
+
+    prints = [fingerprint(big_graph(n)[0]).digest for n in (None, SIZE, SIZE, SIZE + 1)]
+    assert prints[1] == prints[2]
+    assert len({prints[0], prints[1], prints[3]}) == 3

@@ -181,7 +181,7 @@ class _Coder:
         for d in self.graph.data:
             tile = d.tile
             if tile is None:
-                codes.append(hash((-1, d.producer)))
+                codes.append(hash((-1, d.producer, -1 if d.size is None else d.size)))
                 continue
             m = tile.matrix
             mcode = matrices.get(m.uid)
