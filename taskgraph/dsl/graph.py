@@ -317,7 +317,7 @@ class Graph:
     def _arg_label(self, a) -> str:
         if isinstance(a, Ref):
             d = self.data[a.data]
-            return repr(d.tile) if d.is_tile else f"<task {d.producer}>"
+            return d.label() if d.key is not None else f"<task {d.producer}>"
         return nested.describe(a)
 
     # -- ordering (pure functions of the task list, cached until it changes) ---------
