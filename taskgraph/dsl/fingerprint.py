@@ -180,6 +180,10 @@ class _Coder:
         codes = []
         for d in self.graph.data:
             tile = d.tile
+            if d.item is not None:  # plain data: its uid, pin and geometry
+                it = d.item
+                codes.append(_text_code(f"data|{it.uid}|{it.rank}|{it.shape}|{it.dtype}"))
+                continue
             if tile is None:
                 codes.append(hash((-1, d.producer, -1 if d.size is None else d.size)))
                 continue
@@ -229,7 +233,7 @@ class _Coder:
         parts = [_qualname(fn), str(getattr(fn, "name", ""))]
         modes = getattr(fn, "modes", None)
         if modes is not None:
-            parts.append(",".join(str(int(m)) for m in modes))
+            parts.append(",".join(str(int(m)) if m is not None else "s" for m in modes))
         shape = getattr(fn, "shape", None)
         if callable(shape):  # a PackedCall: the arguments' structure
             parts.append(shape())
