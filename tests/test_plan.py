@@ -456,3 +456,90 @@ def test_a_task_on_a_tile_runs_where_the_tile_is():
     assert plan.placement == [1, 0]
     assert [(m.src, m.dst, m.kind, m.producer) for m in plan.messages] == [(1, 0, "value", 0)]
     check_plan(plan)
+
+
+# -- plain data (tg.Data, tg.r/w/rw) ------------------------------------------------------
+
+
+@tg.kernel(modes="r,rw", dims="n,n")
+def vaxpy(x, y):
+    y += 2 * x
+
+
+@tg.kernel(modes="rw,rw", dims="n,n")
+def vswap(x, y):
+    x[...], y[...] = y.copy(), x.copy()
+
+
+@tg.task
+def bump(d):
+    d["n"] += 1
+
+
+@tg.task
+def peek(d, x):
+    return d["n"], x.sum()
+
+
+@tg.task
+def both(d, y):
+    d["n"] = y.sum()
+
+
+def plain_id(g, value) -> int:
+    """The data id of the plain datum holding ``value``."""
+    return next(i for i, d in enumerate(g.data) if d.item is not None and d.item.value is value)
+
+
+def test_plain_data_get_homes_and_move_as_tiles_or_values():
+    """x (rank 0) is read by vaxpy on y's home (rank 1); the object's writer runs at its
+    home (rank 1) and a reader on rank 0 gets it as a value message.
+
+        rank 0: x --tile (4,) int64--> rank 1: vaxpy(x, y), add_one(obj)
+                                               \\--value obj--> rank 0: peek(obj)
+    """
+    x, y, obj = np.arange(4), np.zeros(4, np.int64), {"n": 0}
+    with tg.Graph() as g:
+        vaxpy(tg.r(tg.Data(x, rank=0)), tg.rw(tg.Data(y, rank=1)))
+        bump(tg.rw(tg.Data(obj, rank=1)))
+        peek(tg.Data(obj).r, tg.Data(x).r)
+    plan = make_plan(g, 2)
+    dx, dy, dobj = (plain_id(g, v) for v in (x, y, obj))
+    assert [plan.owner_of[d] for d in (dx, dy, dobj)] == [0, 1, 1]
+    assert plan.placement[:2] == [1, 1]
+    tile = next(m for m in plan.messages if m.data == dx)
+    assert (tile.kind, tile.shape, tile.dtype, tile.nbytes) == ("tile", (4,), x.dtype.str, 32)
+    value = next(m for m in plan.messages if m.data == dobj)
+    assert (value.kind, value.src, value.dst, value.shape) == ("value", 1, 0, None)
+    assert plan.for_rank(0).homes == {dx: 0, dy: 1, dobj: 1}
+    assert not any(m.home for m in plan.messages)
+
+
+def test_unpinned_plain_data_get_homes_by_size():
+    big, small = np.zeros(1000), np.zeros(10)
+    with tg.Graph() as g:
+        peek(tg.r({"n": 1}), tg.r(small))
+        bump(tg.rw(big))
+    plan = make_plan(g, 2)
+    assert plan.owner_of[plain_id(g, big)] == 0  # largest first, on the least loaded
+    assert plan.owner_of[plain_id(g, small)] == 1
+
+
+def test_a_kernel_writing_arrays_of_two_homes_sends_one_home():
+    x, y = np.zeros(8), np.ones(8)
+    with tg.Graph() as g:
+        vswap(tg.rw(tg.Data(x, rank=0)), tg.rw(tg.Data(y, rank=1)))
+    plan = make_plan(g, 2)
+    assert plan.placement == [0]
+    assert [(m.src, m.dst, m.kind, m.home) for m in plan.messages] == [
+        (1, 0, "tile", False),
+        (0, 1, "tile", True),
+    ]
+
+
+def test_a_task_writing_an_object_and_data_of_another_rank_is_refused():
+    obj, y = {"n": 0}, np.ones(8)
+    with tg.Graph() as g:
+        both(tg.rw(tg.Data(obj, rank=0)), tg.rw(tg.Data(y, rank=1)))
+    with pytest.raises(tg.PlanError, match=r"task both.* writes the object .*home rank 0"):
+        make_plan(g, 2)
