@@ -78,7 +78,7 @@ class Kernel:
         for i, (kind, spec) in enumerate(zip(self.scalars, self.dims or ())):
             if kind and spec:
                 raise ValueError(
-                    f"kernel {self.name}: argument {i + 1} is a {kind}: its dims entry must be "
+                    f"kernel {self.name}: argument {i + 1} is {_AN[kind]}: its dims entry must be "
                     f"'', not {spec!r}"
                 )
         self.dtypes = tuple(np.dtype(d) for d in dtypes) if dtypes else None
@@ -146,7 +146,7 @@ class Kernel:
             scalar = self.scalars[i]
             if given is not None:
                 return (
-                    f"argument {i + 1} of {self.name} is a {scalar}, but a marked array or "
+                    f"argument {i + 1} of {self.name} is {_AN[scalar]}, but a marked array or "
                     "tile was given: pass the number itself"
                 )
             if not _scalar_fits(scalar, kind):
@@ -194,6 +194,7 @@ class Kernel:
 
 _SCALAR_KINDS = ("scalar", "int", "float")
 _A = {"scalar": "a number or a tuple of numbers", "int": "an int", "float": "a float"}
+_AN = {"scalar": "a scalar", "int": "an int", "float": "a float"}
 
 
 def _parse_modes(name: str, spec: str | Sequence) -> tuple[tuple, tuple]:
