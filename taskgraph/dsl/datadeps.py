@@ -27,6 +27,7 @@ import numpy as np
 
 from ..core.errors import GraphError
 from .access import Access, Mode
+from .tasks import TaskRef
 
 _uids = itertools.count()
 # who made a handle: a handle that comes back from pickling is found again by it
@@ -216,8 +217,6 @@ def _check_rank(rank) -> int | None:
 
 def _refuse_handles(x, what: str) -> None:
     """GraphError for what has its own marks or dependencies: futures, tiles, marks."""
-    from .tasks import TaskRef  # (tasks imports nothing of this module)
-
     if isinstance(x, TaskRef):
         raise GraphError(
             f"{what}({x!r}): a future is the value of a task; pass it as it is "
