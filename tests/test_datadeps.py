@@ -149,6 +149,21 @@ def test_a_datum_twice_in_one_call_where_it_is_written_is_refused():
     assert g.ntasks == 0
 
 
+def test_a_bare_handle_is_read_at_any_depth_and_the_task_gets_the_value():
+    x = np.arange(3)
+    d = tg.Data(x)
+    with tg.Graph() as g:
+        fill(d.w, 1)
+        read_all(d)  # 1: reads it, as a bare tile is read
+        out = snapshot([d][0])
+        total = read_all([d, {"k": d}])  # 3: inside containers too
+        fill(d.w, 2)  # 4: WAR after 1, 2 and 3
+    assert preds(g) == [[], [0], [0], [0], [1, 2, 3]]
+    assert out.id == 2 and total.id == 3
+    tg.current_cluster().run(g).wait()
+    assert out.result().tolist() == [1, 1, 1] and x.tolist() == [2, 2, 2]
+
+
 # -- errors before anything runs ------------------------------------------------------
 
 

@@ -284,7 +284,7 @@ class Builder:
 
     @staticmethod
     def _kernel_label(kernel, args) -> str:
-        shown = (repr(a.tile) if isinstance(a, Access) else nested.describe(a) for a in args)
+        shown = (_shown(a.tile) if isinstance(a, Access) else nested.describe(a) for a in args)
         return f"{kernel.name}({', '.join(shown)})"
 
     @staticmethod
@@ -409,6 +409,11 @@ class Builder:
         if hasattr(a, "matrix") and hasattr(a, "key"):  # a bare tile: read it
             return self._ref(self.data_id(a.key, a), 1)
         return a
+
+
+def _shown(t) -> str:
+    """A marked tile or datum in a task's label (a datum: its name, dtype and shape)."""
+    return t.describe() if t.__class__ is DataHandle else repr(t)
 
 
 def _scalar_kind(a):

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..core.errors import GraphError
 from .access import Access
+from .datadeps import Data
 from .tasks import TaskRef
 
 # leaves that are never looked into
@@ -79,7 +80,9 @@ def needs_packing(args: tuple, kwargs: dict) -> bool:
 
 
 def _is_ref_like(a) -> bool:
-    return isinstance(a, (TaskRef, Access)) or (hasattr(a, "matrix") and hasattr(a, "key"))
+    if isinstance(a, (TaskRef, Access, Data)):  # (a bare Data handle is read, as a bare tile)
+        return True
+    return hasattr(a, "matrix") and hasattr(a, "key")
 
 
 def _is_container(a) -> bool:
