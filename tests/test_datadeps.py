@@ -222,16 +222,20 @@ def test_in_another_process_a_handle_sent_twice_is_one_handle():
     blob = pickle.dumps((tg.Data(x, name="x"), tg.Data(x)))
     code = (
         "import pickle, sys\n"
-        "a, b = pickle.loads(sys.stdin.buffer.read())\n"
+        "blob = sys.stdin.buffer.read()\n"
+        "a, b = pickle.loads(blob)\n"
         "c, _ = pickle.loads(pickle.dumps((a, b)))\n"
         "assert a is b is c and a.name == 'x' and list(a.value) == [0.0, 1.0, 2.0]\n"
         "import taskgraph as tg\n"
         "assert tg.Data(a.value) is a\n"
+        "a.value[0] = 9.0\n"
+        "del a, b, c, _\n"
+        "import gc; gc.collect()\n"
+        "again, _ = pickle.loads(blob)\n"  # (the engine dropped the first graph)
+        "assert again.value[0] == 9.0, again.value\n"
         "print('OK')\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], input=blob + b"", capture_output=True, timeout=60
-    )
+    proc = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, timeout=60)
     assert proc.stdout.strip() == b"OK", proc.stderr.decode()
 
 
@@ -382,6 +386,46 @@ def test_the_loop_gives_the_sequential_result_in_a_job(run_cli, n):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert all(f"PASS {r}/{n}" in proc.stdout for r in range(n)), out
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_on_engines_the_loop_is_right_and_a_later_graph_sees_earlier_writes():
+    """A graph goes to the engines pickled, with its data: each handle comes back
+    there as one handle, which the next graph on the same array finds again."""
+    import os
+    import uuid
+
+    import cloudpickle
+    from conftest import assert_none_left
+
+    marker = uuid.uuid4().hex
+    old = os.environ.get("TASKGRAPH_TEST_JOB")
+    os.environ["TASKGRAPH_TEST_JOB"] = marker
+    this = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(this)  # (the engines cannot import this file)
+    try:
+        with tg.Cluster(n=2) as c:
+            g, outs = graph_of_the_loop()
+            c.run(g).wait()
+            check_results(outs)
+            x = np.zeros(3)
+            with tg.Graph() as g1:
+                fill(tg.w(x), 5)
+            c.run(g1).wait()
+            del g1
+            with tg.Graph() as g2:
+                scale(tg.rw(x), 2)
+                out = snapshot(tg.r(x))
+            c.run(g2).wait()
+            assert out.result().tolist() == [10.0, 10.0, 10.0]
+    finally:
+        cloudpickle.unregister_pickle_by_value(this)
+        if old is None:
+            del os.environ["TASKGRAPH_TEST_JOB"]
+        else:
+            os.environ["TASKGRAPH_TEST_JOB"] = old
+    assert_none_left(marker)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["ranks"]:

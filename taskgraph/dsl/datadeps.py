@@ -11,8 +11,9 @@ Dagger.jl's Datadeps, StarPU's data handles and PyCOMPSs's ``INOUT`` do)::
 
 Each object has one :class:`Data` handle per process (``tg.Data(x)`` twice gives the
 same handle), which keeps the object alive. A handle pickles with its value and comes
-back, in another process, as one handle per handle of the sender: a graph sent twice
-to an engine refers to the same array there both times.
+back, in another process, as one handle per handle of the sender, kept there for the
+life of that process: a graph sent twice to an engine refers to the same array there
+both times, and the second sees what the first wrote.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ _uids = itertools.count()
 _ORIGIN = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 _by_object: weakref.WeakValueDictionary[int, Data] = weakref.WeakValueDictionary()
 _by_uid: weakref.WeakValueDictionary[tuple[str, int], Data] = weakref.WeakValueDictionary()
+# handles received from other processes live as long as this one (an engine): a later
+# graph on the same data sees what the earlier ones wrote, whatever the engine dropped
+_received: dict[tuple[str, int], Data] = {}
 
 
 class Data:
@@ -202,6 +206,8 @@ def _restore(origin: str, uid: int, value, rank: int | None, name: str) -> Data:
         return known
     self = object.__new__(Data)
     self._setup(value, rank, name, uid, origin)
+    if origin != _ORIGIN:
+        _received[origin, uid] = self
     if _by_object.get(id(value)) is None:
         _by_object[id(value)] = self
     return self
