@@ -250,7 +250,10 @@ class Builder:
 
     def _datum_facts(self, kernel, args, a: Access, item: DataHandle) -> tuple:
         """:meth:`_mark_facts` of a marked plain datum (it must be an array)."""
-        label = lambda: self._kernel_label(kernel, args)  # noqa: E731
+
+        def label() -> str:  # only an error message needs it
+            return self._kernel_label(kernel, args)
+
         if not item.is_array:
             raise GraphError(
                 f"task {label()}: {item.describe()} is not a NumPy array: kernels take arrays "
