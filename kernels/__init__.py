@@ -1,13 +1,15 @@
-"""Built-in tile kernels: the four kernels of a lower tiled Cholesky factorisation.
+"""Built-in tile kernels: those of a lower tiled Cholesky factorisation and of a tile QR.
 
 Each public name is a :class:`taskgraph.dsl.kernel.Kernel`: called on NumPy tiles it runs
 at once; called on tile accesses inside ``with tg.Graph():`` it records a task. The
-numerics live in :mod:`.cholesky` (jitted inner functions calling SciPy's BLAS and
+numerics live in :mod:`.cholesky` and :mod:`.qr` (jitted inner functions calling SciPy's BLAS and
 LAPACK without the GIL, behind validating wrappers); this module only declares them,
 each ``nogil=True`` (a wrapper's own Python is short beside the call it makes).
 
-Tiles are column-major (Fortran-ordered) float32 or float64 arrays, or strided
-column-major views of one. The kernels know nothing of ranks or MPI.
+Tiles are column-major (Fortran-ordered) float32 or float64 arrays (the QR kernels
+take complex64 and complex128 too), or strided column-major views of one. The QR
+kernels take the inner block size ``ib`` as a last, scalar argument. The kernels
+know nothing of ranks or MPI.
 
 Compilation is eager and explicit: :func:`compile_all` (or ``kernel.compile``)
 compiles each kernel for the given dtypes, so that the first task does not pay for
@@ -23,9 +25,13 @@ import numpy as np
 
 from taskgraph.dsl.kernel import Kernel
 
-from . import cholesky
+from . import cholesky, qr
 
-__all__ = ["potrf", "trsm", "syrk", "gemm", "CHOLESKY_KERNELS", "compile_all"]
+__all__ = [
+    "potrf", "trsm", "syrk", "gemm", "CHOLESKY_KERNELS",
+    "geqrt", "gemqrt", "tpqrt", "tpmqrt", "QR_KERNELS",
+    "compile_all",
+]  # fmt: skip
 
 _DTYPES = ("float32", "float64")
 
@@ -82,6 +88,63 @@ gemm = Kernel(
 )
 
 CHOLESKY_KERNELS = (potrf, trsm, syrk, gemm)
+
+
+def _qr_compiler(op: str):
+    def compile(dtype: np.dtype) -> None:
+        qr.compile_op(op, dtype)
+
+    return compile
+
+
+_QR_DTYPES = tuple(d.name for d in qr.DTYPES)
+
+# Tile QR (see kernels/qr.py for what each does); T tiles have >= ib rows ("x")
+geqrt = Kernel(
+    qr.geqrt,
+    name="geqrt",
+    modes="rw,w,int",
+    dims="mn,xn,",
+    dtypes=_QR_DTYPES,
+    flops=lambda m, n, x: 2 * n * n * (m - n / 3),
+    compile=_qr_compiler("geqrt"),
+    nogil=True,
+)
+
+gemqrt = Kernel(
+    qr.gemqrt,
+    name="gemqrt",
+    modes="r,r,rw,int",
+    dims="mk,xk,mn,",
+    dtypes=_QR_DTYPES,
+    flops=lambda m, k, x, n: 4 * m * n * k - 2 * n * k * k,
+    compile=_qr_compiler("gemqrt"),
+    nogil=True,
+)
+
+tpqrt = Kernel(
+    qr.tpqrt,
+    name="tpqrt",
+    modes="rw,rw,w,int",
+    dims="an,mn,xn,",
+    dtypes=_QR_DTYPES,
+    flops=lambda a, n, m, x: 2 * m * n * n,
+    compile=_qr_compiler("tpqrt"),
+    nogil=True,
+)
+
+tpmqrt = Kernel(
+    qr.tpmqrt,
+    name="tpmqrt",
+    modes="r,r,rw,rw,int",
+    dims="mk,xk,an,mn,",
+    dtypes=_QR_DTYPES,
+    flops=lambda m, k, x, a, n: 4 * m * n * k,
+    compile=_qr_compiler("tpmqrt"),
+    nogil=True,
+)
+
+QR_KERNELS = (geqrt, gemqrt, tpqrt, tpmqrt)
 
 
 def compile_all(dtypes: Sequence = ("float64",)) -> dict[str, float]:

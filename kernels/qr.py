@@ -14,13 +14,13 @@ by the reflectors' count of columns; a T tile may have more rows, and only its f
 Three tiers, as in :mod:`.cholesky`: jitted inner functions (``nogil``, calling LAPACK's
 ``?geqrt``/``?gemqrt``/``?tpqrt``/``?tpmqrt`` through the addresses SciPy exports,
 and taking ``ib`` as an argument), validating wrappers (:func:`geqrt` ...), and the
-declared kernels, made per ``ib`` by :func:`qr_kernels`. Each inner function is
-compiled for one signature per dtype (layout ``'A'``, read-only inputs), once.
+declared kernels in ``taskgraph.kernels``, whose last argument ``ib`` is a scalar
+(``modes="rw,w,int"``). Each inner function is compiled for one signature per dtype
+(layout ``'A'``, read-only inputs, an int64 ``ib``), once.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -28,12 +28,10 @@ import numba
 import numpy as np
 from numba import types
 
-from taskgraph.dsl.kernel import Kernel
-
 from ._lapack import QR_ROUTINES
 from .cholesky import _ld, _named, _shape
 
-__all__ = ["geqrt", "gemqrt", "tpqrt", "tpmqrt", "qr_kernels", "compile_op", "JITTED", "DTYPES"]
+__all__ = ["geqrt", "gemqrt", "tpqrt", "tpmqrt", "compile_op", "JITTED", "DTYPES"]
 
 DTYPES = tuple(np.dtype(d) for d in ("float32", "float64", "complex64", "complex128"))
 _PREFIX = dict(zip(DTYPES, "sdcz"))
@@ -281,45 +279,3 @@ def tpmqrt(v: np.ndarray, t: np.ndarray, a: np.ndarray, b: np.ndarray, ib: int =
         )
     _t_fits("tpmqrt", tshape, ib, k)
     _call("tpmqrt", (v, t, a, b), "vtab", ib)
-
-
-# -- tier 3: the declared kernels, per inner block size ----------------------------------
-
-_DTYPE_NAMES = tuple(d.name for d in DTYPES)
-
-
-def _compiler(op: str) -> Callable[[np.dtype], None]:
-    def compile(dtype: np.dtype) -> None:
-        compile_op(op, dtype)
-
-    return compile
-
-
-# name -> (wrapper, modes, dims, flops of the dims)
-_DECLARED: dict[str, tuple[Callable, str, str, Callable[..., float]]] = {
-    "geqrt": (geqrt, "rw,w", "mn,xn", lambda m, n, x: 2 * n * n * (m - n / 3)),
-    "gemqrt": (gemqrt, "r,r,rw", "mk,xk,mn", lambda m, k, x, n: 4 * m * n * k - 2 * n * k * k),
-    "tpqrt": (tpqrt, "rw,rw,w", "an,mn,xn", lambda a, n, m, x: 2 * m * n * n),
-    "tpmqrt": (tpmqrt, "r,r,rw,rw", "mk,xk,an,mn", lambda m, k, x, a, n: 4 * m * n * k),
-}
-
-
-@functools.cache
-def qr_kernels(ib: int) -> tuple[Kernel, Kernel, Kernel, Kernel]:
-    """The kernels geqrt, gemqrt, tpqrt and tpmqrt with inner block size ``ib`` (one
-    set per ``ib``, made once)."""
-    if int(ib) < 1:
-        raise ValueError(f"the inner block size ib must be at least 1, not {ib}")
-    return tuple(  # type: ignore[return-value]
-        Kernel(
-            functools.partial(fn, ib=int(ib)),
-            name=name,
-            modes=modes,
-            dims=dims,
-            dtypes=_DTYPE_NAMES,
-            flops=flops,
-            compile=_compiler(name),
-            nogil=True,
-        )
-        for name, (fn, modes, dims, flops) in _DECLARED.items()
-    )

@@ -53,17 +53,20 @@ def lu_nopiv(A: TiledMatrix, name: str = "lu-nopiv") -> Graph:
 
 
 def qr_workspace(A: TiledMatrix, ib: int = QR_IB, name: str | None = None) -> TiledMatrix:
-    """The matrix of T factors that :func:`qr` of A fills: a tile per tile of A, of at
-    least ``ib`` rows and A's tile's columns, on A's ranks and A's distribution."""
-    mb = A.tile if isinstance(A.tile, int) else A.tile[0]
-    if not 1 <= ib <= mb:
-        raise ValueError(f"qr: the inner block size ib={ib} must be in 1..{mb} (A's tile rows)")
+    """The matrix of T factors that :func:`qr` of A fills: an ``ib`` x nb tile per tile
+    of A (nb its columns), each on the rank that owns A's tile."""
+    if not 1 <= ib <= A.tile_rows:
+        raise ValueError(
+            f"qr: the inner block size ib={ib} must be in 1..{A.tile_rows} (A's tile rows)"
+        )
+    named = isinstance(A.distribution, str)
     return TiledMatrix(
-        (A.mt * mb, A.shape[1]),
-        A.tile,
+        (A.mt * ib, A.shape[1]),
+        (ib, A.tile_cols),
         A.dtype,
         grid=A.grid,
-        distribution=A.distribution,
+        distribution=A.distribution if named else A.owner,
+        distribution_seed=A.distribution_seed,
         name=name or f"T{A.name}",
         cluster=A.cluster,
     )
@@ -72,21 +75,20 @@ def qr_workspace(A: TiledMatrix, ib: int = QR_IB, name: str | None = None) -> Ti
 def qr(A: TiledMatrix, T: TiledMatrix, ib: int = QR_IB, name: str = "qr") -> Graph:
     """The task graph of the flat-tree tiled QR factorisation A = QR (PLASMA's).
 
-    Overwrites A (m x n) with R on and above the diagonal and the Householder vectors
-    below it; ``T`` (made by :func:`qr_workspace` with the same ``ib``) receives the
-    block-reflector factors. ``ib`` is the inner block size of the tile kernels.
-    Q is applied with :func:`qr_apply_qt`. Every diagonal tile but the last must have
-    at least as many rows as columns.
+    Overwrites A (m x n, in square tiles, ragged at the edges) with R on and above the
+    diagonal and the Householder vectors below it; ``T`` (made by
+    :func:`qr_workspace` with the same ``ib``) receives the block-reflector factors.
+    ``ib`` is the kernels' inner block size. :func:`qr_apply_qt` applies Qᵀ.
     """
-    from taskgraph.kernels.qr import qr_kernels
+    from taskgraph.kernels import geqrt, tpqrt
 
-    geqrt, _, tpqrt, _ = qr_kernels(ib)
+    _check_qr(A, T, ib)
     with Graph(name) as g:
         for k in range(min(A.mt, A.nt)):
-            geqrt(A[k, k].rw, T[k, k].w)
+            geqrt(A[k, k].rw, T[k, k].w, ib)
             _apply_qt_row(A, T, A, k, ib, range(k + 1, A.nt))
             for m in range(k + 1, A.mt):
-                tpqrt(A[k, k].rw, A[m, k].rw, T[m, k].w)
+                tpqrt(A[k, k].rw, A[m, k].rw, T[m, k].w, ib)
                 _apply_qt_pair(A, T, A, k, m, ib, range(k + 1, A.nt))
     return g
 
@@ -96,6 +98,12 @@ def qr_apply_qt(
 ) -> Graph:
     """The task graph of B <- Qᵀ B (Qᴴ for complex), Q from a tiled QR of A by :func:`qr`
     with the same ``T`` and ``ib``. B has A's rows and row tiles, any number of columns."""
+    _check_qr(A, T, ib)
+    if B.shape[0] != A.shape[0] or B.tile_rows != A.tile_rows:
+        raise ValueError(
+            f"qr_apply_qt: {B.name} must have the rows and tile rows of {A.name}: "
+            f"{B.shape[0]} in tiles of {B.tile_rows}, not {A.shape[0]} in {A.tile_rows}"
+        )
     with Graph(name) as g:
         for k in range(min(A.mt, A.nt)):
             _apply_qt_row(A, T, B, k, ib, range(B.nt))
@@ -104,22 +112,33 @@ def qr_apply_qt(
     return g
 
 
+def _check_qr(A: TiledMatrix, T: TiledMatrix, ib: int) -> None:
+    if A.tile_rows != A.tile_cols:  # else R's diagonal leaves the diagonal tiles
+        raise ValueError(
+            f"qr: {A.name}'s tiles must be square (ragged at the edges), not "
+            f"{A.tile_rows} x {A.tile_cols}"
+        )
+    if (T.mt, T.nt) != (A.mt, A.nt) or T.tile_rows < ib:
+        raise ValueError(
+            f"qr: {T.name} must have a tile of >= ib={ib} rows per tile of {A.name} "
+            "(make it with qr_workspace(A, ib))"
+        )
+
+
 def _apply_qt_row(A, T, B, k: int, ib: int, columns: range) -> None:
     """Tile row k of B <- Qkkᵀ (the reflectors of geqrt on A[k, k])."""
-    from taskgraph.kernels.qr import qr_kernels
+    from taskgraph.kernels import gemqrt
 
-    gemqrt = qr_kernels(ib)[1]
     for n in columns:
-        gemqrt(A[k, k].r, T[k, k].r, B[k, n].rw)
+        gemqrt(A[k, k].r, T[k, k].r, B[k, n].rw, ib)
 
 
 def _apply_qt_pair(A, T, B, k: int, m: int, ib: int, columns: range) -> None:
     """Tile rows k and m of B <- Qmkᵀ (the reflectors of tpqrt on A[k, k], A[m, k])."""
-    from taskgraph.kernels.qr import qr_kernels
+    from taskgraph.kernels import tpmqrt
 
-    tpmqrt = qr_kernels(ib)[3]
     for n in columns:
-        tpmqrt(A[m, k].r, T[m, k].r, B[k, n].rw, B[m, n].rw)
+        tpmqrt(A[m, k].r, T[m, k].r, B[k, n].rw, B[m, n].rw, ib)
 
 
 def qr_flops(m: int, n: int) -> float:

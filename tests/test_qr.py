@@ -6,7 +6,7 @@ edge tiles. A factorisation is right when |R| matches NumPy's (rows differ by si
 Qᵀ A, applied from the stored reflectors by ``qr_apply_qt``, is [R; 0], Q (applied to
 the identity) is orthogonal and ‖A − QR‖ / ‖A‖ is at the rounding level.
 
-Run as a script (``python tests/test_qr.py M N TILE IB``) on every rank of a job, it
+Run as a script (``python tests/test_qr.py M N TILE IB DISTRIBUTION``) on every rank of a job, it
 factorises one matrix and rank 0 prints ``QR OK`` and the errors.
 """
 
@@ -17,6 +17,9 @@ import sys
 import numpy as np
 import pytest
 from taskgraph.kernels import qr as K
+
+import taskgraph as tg
+from taskgraph.linalg import qr, qr_apply_qt, qr_workspace
 
 TOL = {"float32": 5e-5, "float64": 1e-13, "complex64": 5e-5, "complex128": 1e-13}
 
@@ -87,35 +90,32 @@ def test_kernels_say_what_is_wrong():
         K.tpqrt(np.zeros((2, 4), order="F"), a, np.zeros((4, 4), order="F"), 2)
     with pytest.raises(ValueError, match="column-major"):
         K.geqrt(np.zeros((4, 4)), t, 2)  # C-ordered 4 x 4 tiles are not column-major
-    with pytest.raises(ValueError, match="ib must be at least 1"):
-        K.qr_kernels(0)
 
 
-def test_kernels_are_declared_per_ib():
-    geqrt, gemqrt, tpqrt, tpmqrt = K.qr_kernels(4)
-    assert K.qr_kernels(4)[0] is geqrt and K.qr_kernels(8)[0] is not geqrt
-    assert [k.name for k in (geqrt, gemqrt, tpqrt, tpmqrt)] == [
-        "geqrt",
-        "gemqrt",
-        "tpqrt",
-        "tpmqrt",
-    ]
-    assert repr(tpmqrt) == "<kernel tpmqrt(r,r,rw,rw)>" and tpmqrt.nogil
-    assert geqrt.cost([(8, 8), (4, 8)]) == pytest.approx(4 / 3 * 8**3)
+def test_kernels_take_ib_as_a_scalar():
+    from taskgraph.kernels import QR_KERNELS, geqrt, tpmqrt
+
+    assert [k.name for k in QR_KERNELS] == ["geqrt", "gemqrt", "tpqrt", "tpmqrt"]
+    assert repr(tpmqrt) == "<kernel tpmqrt(r,r,rw,rw,int)>" and tpmqrt.nogil
+    assert geqrt.cost([(8, 8), (4, 8), ()]) == pytest.approx(4 / 3 * 8**3)
+    A = tg.TiledMatrix.zeros(32, 16)
+    T = qr_workspace(A, 4)
+    with pytest.raises(tg.GraphError, match="geqrt"):
+        with tg.Graph():
+            geqrt(A[0, 0].rw, T[0, 0].w, 2.5)  # ib must be an int
 
 
 # -- the tiled QR -------------------------------------------------------------------------
 
 
-def factorise(m: int, n: int, tile: int, ib: int, dtype="float64") -> dict | None:
+def factorise(
+    m: int, n: int, tile: int, ib: int, dtype="float64", distribution="2d"
+) -> dict | None:
     """Tiled QR of a seeded random m x n matrix on this job's ranks; the errors on rank
     0 (None elsewhere). Every rank calls it."""
-    import taskgraph as tg
-    from taskgraph.linalg import qr, qr_apply_qt, qr_workspace
-
     cluster = tg.Cluster()
     a = rand(np.random.default_rng(m * 1000 + n), (m, n), dtype)
-    kw = dict(distribution="1d", cluster=cluster)
+    kw = dict(distribution=distribution, cluster=cluster)
     A = tg.TiledMatrix.from_numpy(a, tile, name="A", **kw)
     T = qr_workspace(A, ib)
     cluster.run(qr(A, T, ib)).wait(timeout=60)
@@ -157,32 +157,44 @@ def test_tiled_qr_other_dtypes(dtype):
     assert errors is not None and not bad(errors, dtype), errors
 
 
-def test_the_workspace_has_a_t_tile_per_tile_of_a():
-    import taskgraph as tg
-    from taskgraph.linalg import qr_workspace
-
-    A = tg.TiledMatrix.zeros((70, 45), 16, distribution="1d")
+@pytest.mark.parametrize("distribution", ["2d", "1d", "random", lambda i, j: 0])
+def test_the_workspace_has_an_ib_by_nb_tile_per_tile_of_a(distribution):
+    A = tg.TiledMatrix.zeros((70, 45), 16, distribution=distribution)
     T = qr_workspace(A, 8)
     assert (T.mt, T.nt) == (A.mt, A.nt)
-    assert all(T.tile_shape(i, j)[0] >= 8 for i, j in T.indices())
-    assert all(T.tile_shape(i, j)[1] == A.tile_shape(i, j)[1] for i, j in T.indices())
+    assert all(T.tile_shape(i, j) == (8, A.tile_shape(i, j)[1]) for i, j in T.indices())
+    assert all(T.owner(i, j) == A.owner(i, j) for i, j in T.indices())
     with pytest.raises(ValueError, match="ib=17"):
         qr_workspace(A, 17)
+
+
+def test_qr_refuses_what_it_cannot_factorise():
+    A = tg.TiledMatrix.zeros((64, 64), (32, 16))
+    with pytest.raises(ValueError, match="must be square"):
+        qr(A, tg.TiledMatrix.zeros((64, 64), (4, 16)), 4)
+    B = tg.TiledMatrix.zeros((64, 64), 16)
+    with pytest.raises(ValueError, match="qr_workspace"):
+        qr(B, qr_workspace(B, 4), 8)
+    with pytest.raises(ValueError, match="rows and tile rows"):
+        qr_apply_qt(B, qr_workspace(B, 4), tg.TiledMatrix.zeros((64, 8), 8), 4)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_tiled_qr_on_ranks(mpirun, ranks):
-    for m, n, tile, ib in SHAPES[1:3]:
-        proc = mpirun(ranks, [__file__, str(m), str(n), str(tile), str(ib)], timeout=90)
+    """2-D block-cyclic (2 x 2 on 4 ranks: tpqrt and tpmqrt write tiles of two owners),
+    and by tile column."""
+    for (m, n, tile, ib), dist in zip(SHAPES[1:3], ["2d", "1d"]):
+        argv = [__file__, str(m), str(n), str(tile), str(ib), dist]
+        proc = mpirun(ranks, argv, timeout=90)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.count("QR OK") == 1, proc.stdout + proc.stderr
 
 
 def main(argv: list[str]) -> int:
-    m, n, tile, ib = map(int, argv)
-    errors = factorise(m, n, tile, ib)
+    m, n, tile, ib = map(int, argv[:4])
+    errors = factorise(m, n, tile, ib, distribution=argv[4])
     if errors is None:
         return 0
     print("QR OK" if not bad(errors) else "QR WRONG", errors, flush=True)
