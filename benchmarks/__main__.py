@@ -18,6 +18,7 @@ from pathlib import Path
 
 SUITES = [
     "cholesky",
+    "qr",
     "tiles",
     "overhead",
     "micro",
