@@ -1,6 +1,6 @@
 """Tiled QR against scipy.linalg.qr and numpy.linalg.qr, in the same run.
 
-    python -m benchmarks.qr [--quick] [--n N ...] [--tile T ...] [--ib IB ...]
+    python -m benchmarks.qr [--quick] [--n N ...] [--configs TILE/IB,...]
 
 Per n (a fresh process each, so that one size's memory does not weigh on the next):
 ``taskgraph.linalg.qr`` on one rank with 2 workers (1 BLAS thread each), for every
