@@ -310,3 +310,41 @@ def test_ragged_int_tiles_and_vector_tiles_move_between_two_ranks(mpirun, tmp_pa
     proc = mpirun(2, [str(script)], timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "shapes ok True" in proc.stdout
+
+
+EXOTIC = """
+import numpy as np
+import taskgraph as tg
+
+@tg.kernel(modes="r,w", dims="mn,mn")
+def copy(x, y):
+    y[...] = x
+
+rank = tg.current_cluster().rank
+for dtype in ["datetime64[s]", "timedelta64[ms]", "U3", "S2", [("a", "i4"), ("b", "f8")]]:
+    src = np.arange(12).reshape(3, 4).astype("i8")
+    a = src.astype(dtype) if not isinstance(dtype, list) else np.zeros((3, 4), dtype)
+    if isinstance(dtype, list):
+        a["a"], a["b"] = src, src / 2
+    A = tg.TiledMatrix.from_numpy(a, tile=2, distribution=lambda i, j: (i + j) % 2)
+    B = tg.TiledMatrix.zeros((3, 4), 2, a.dtype, distribution=lambda i, j: (i + j + 1) % 2)
+    with tg.Graph("exotic") as g:
+        for i, j in A.indices():
+            copy(A[i, j].r, B[i, j].w)
+    tg.current_cluster().run(g).wait()
+    got = B.gather()
+    if rank == 0:
+        assert got.dtype == a.dtype and np.array_equal(got, a), (dtype, got)
+if rank == 0:
+    print("exotic ok")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_datetime_string_and_structured_tiles_move_as_bytes(mpirun, tmp_path):
+    script = tmp_path / "exotic.py"
+    script.write_text(textwrap.dedent(EXOTIC))
+    proc = mpirun(2, [str(script)], timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exotic ok" in proc.stdout

@@ -274,7 +274,7 @@ class TiledMatrix:
         return {
             "shape": self.shape,
             "tile": self.tile,
-            "dtype": self.dtype.str,
+            "dtype": self.dtype.descr if self.dtype.fields else self.dtype.str,
             "grid": self.grid,
             "distribution": self._owners if custom else self.distribution,
             "distribution_seed": self.distribution_seed,

@@ -58,7 +58,7 @@ class Message:
     producer: int  # task whose output this is, INITIAL for data before the run
     nbytes: int = 0
     shape: tuple | None = None
-    dtype: str | None = None
+    dtype: str | np.dtype | None = None  # (see wire_dtype)
     tag: int = 0
     consumers: list[int] = field(default_factory=list)  # tasks on dst waiting for it, once each
     release: list[int] = field(default_factory=list)  # tasks on src waiting for the send
@@ -328,6 +328,12 @@ def plan_messages(
     return messages
 
 
+def wire_dtype(dtype: np.dtype):
+    """A message's dtype: its string (cheap to pickle and compare), or the dtype itself
+    where a string loses its fields (structured dtypes)."""
+    return dtype if dtype.fields else dtype.str
+
+
 def _data_message(
     graph: Graph, src: int, dst: int, d: int, prod: int, owner_of: list[int]
 ) -> Message:
@@ -335,12 +341,12 @@ def _data_message(
     home = dst == owner_of[d]  # made away from its owner: lands in the owner's storage
     if item.tile is not None:
         tile = item.tile
-        shape, dtype = tile.shape, tile.dtype.str
+        shape, dtype = tile.shape, wire_dtype(tile.dtype)
         return Message(src, dst, "tile", d, prod, item.nbytes, shape, dtype, home=home)
     plain = item.item
     if plain is not None and plain.is_array:
         assert plain.shape is not None and plain.dtype is not None
-        shape, dtype = tuple(plain.shape), plain.dtype.str
+        shape, dtype = tuple(plain.shape), wire_dtype(plain.dtype)
         return Message(src, dst, "tile", d, prod, plain.nbytes, shape, dtype, home=home)
     return Message(src, dst, "value", d, prod, item.nbytes)
 

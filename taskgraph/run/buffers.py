@@ -38,12 +38,12 @@ class BufferPool:
 
     def __init__(self):
         self._free: dict[tuple, list[np.ndarray]] = {}
-        self._dtypes: dict[str, np.dtype] = {}
+        self._dtypes: dict[str | np.dtype, np.dtype] = {}
         self.allocated = 0  # buffers ever made
         self.handed_out = 0  # buffers ever handed out
         self._slabs = memory.Slabs()  # large ones on huge pages (see taskgraph.dsl.memory)
 
-    def get(self, shape: tuple, dtype: str) -> np.ndarray:
+    def get(self, shape: tuple, dtype: str | np.dtype) -> np.ndarray:
         self.handed_out += 1
         dt = self._dtypes.get(dtype)
         if dt is None:

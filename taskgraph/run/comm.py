@@ -373,14 +373,23 @@ class World:
             if owner == dst:
                 continue
             if self.rank == owner:
-                comm.Send(matrix.tiles[i, j], dst, tag)
+                comm.Send(wire(matrix.tiles[i, j]), dst, tag)
             elif self.rank == dst:
                 shape = matrix.tile_shape(i, j)
                 buf = scratch.get(shape)
                 if buf is None:
                     buf = scratch[shape] = np.empty(shape, matrix.dtype, order="F")
-                comm.Recv(buf, owner, tag)
+                comm.Recv(wire(buf), owner, tag)
                 matrix.block(out, i, j)[...] = buf
+
+
+def wire(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as MPI can move it: itself, or a view of its bytes where MPI has no type
+    for its dtype (datetime64, timedelta64, strings, void and structured). ``arr`` must
+    be contiguous (tiles, pooled buffers and marked arrays are)."""
+    if arr.dtype.kind in "MmSUV":
+        return arr.ravel(order="K").view(np.uint8)
+    return arr
 
 
 VALUE_TAG = 1  # on World.values: one value, shared by the rank that holds it

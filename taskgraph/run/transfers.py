@@ -263,7 +263,11 @@ class Transfers:
         if at is None:
             at = self.trace.clock()  # before the call: the message may land before it returns
         active = self.sends_active
-        active.append(self.net.isend(payload, msg.dst, msg.tag))
+        try:
+            req = self.net.isend(payload, msg.dst, msg.tag)
+        except (BufferError, KeyError):  # a dtype MPI has no type for: its bytes
+            req = self.net.isend(commlib.wire(payload), msg.dst, msg.tag)
+        active.append(req)
         # (a value's planned size is a guess: its real one is the pickle sent)
         nbytes = msg.nbytes if msg.kind != "value" else len(payload)
         self.sends_active_msgs.append((msg, at, nbytes))
@@ -340,7 +344,11 @@ class Transfers:
                 continue  # arrived early, already taken by the probe
             del self.expected[msg.src, msg.tag]
             buf = self.tile_buffer(msg)
-            self.start_recv(msg, self.net.irecv(buf, msg.src, msg.tag), buf)
+            try:
+                req = self.net.irecv(buf, msg.src, msg.tag)
+            except (BufferError, KeyError):  # (as in post_send)
+                req = self.net.irecv(commlib.wire(buf), msg.src, msg.tag)
+            self.start_recv(msg, req, buf)
             posted = True
         return posted
 
@@ -388,8 +396,13 @@ class Transfers:
                 raise RunError(
                     f"rank {net.rank} got an unplanned message (source {src}, tag {tag})"
                 )
-            buf = self.tile_buffer(msg) if msg.kind == "tile" else bytearray(nbytes)
-            self.start_recv(msg, net.recv_probed(handle, buf), buf)
+            buf: Any
+            if msg.kind == "tile":
+                buf = self.tile_buffer(msg)
+                wired: Any = commlib.wire(buf)  # (as in post_send)
+            else:
+                buf = wired = bytearray(nbytes)
+            self.start_recv(msg, net.recv_probed(handle, wired), buf)
 
     def test_recvs(self, full: bool = True, skip_oldest: bool = False) -> bool:
         """Test the posted receives (``full`` False: the oldest only; ``skip_oldest``:
