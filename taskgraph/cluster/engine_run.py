@@ -6,6 +6,13 @@ publish progress and event batches while they run (:meth:`EngineRun.batches`) an
 heartbeat that tells a stuck engine (a call into C that never returns) from a slow one.
 Values stay on the engines until asked for: ``run.result(future)`` fetches one from the
 rank that holds it, once, and keeps it on the handle.
+
+Plain data (:mod:`taskgraph.dsl.datadeps`) go to the engines with the plan, values
+included: the notebook's are the truth at the start. When the run ends well, engine
+rank 0's summary carries the final value of each datum the run wrote, and the notebook
+copies it into its own arrays and objects when it reads the summaries (``wait()``).
+Runs settle in the order they were made: a later run's final values are never
+overwritten by an earlier run read afterwards.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import TYPE_CHECKING
 import cloudpickle
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.graph import Graph
 from ..plan.planner import Plan
 from ..run.executor import Stats
@@ -29,6 +37,9 @@ if TYPE_CHECKING:
     from .engines import EngineCluster
 
 STUCK_GRACE = 5.0  # seconds past a task's limit before its silent engine is called stuck
+
+# runs of this process that write plain data and have not settled, in the order made
+_unsettled: list[EngineRun] = []
 
 
 class EngineRun(RunHandle):
@@ -68,6 +79,7 @@ class EngineRun(RunHandle):
         self.task_timeout = task_timeout
         self._previous = previous if previous is not None and not previous.done() else None
         self._own_graph()
+        _settle_ended_runs()  # (their holds off the data: their values go with this plan)
         payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout))
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
@@ -75,6 +87,8 @@ class EngineRun(RunHandle):
         while cluster._forgotten:
             forget.append(cluster._forgotten.popleft())
         self.ar = cluster.view.apply_async(engine_side.run_graph, payload, self.id, forget)
+        self._settled = False
+        self._writes: list[Data] = self._hold_written()  # after the payload: it has the values
         self._seen: list[set[str]] = [set() for _ in range(cluster.size)]
         self._kept: list[dict] = []  # every batch, for the trace
         self._trace: Trace | None = None
@@ -187,15 +201,42 @@ class EngineRun(RunHandle):
         self.cluster._stuck = what
         raise RunError(f"{what}: cluster.restart() starts fresh engines")
 
+    def _hold_written(self) -> list[Data]:
+        """The plain data this run writes, held (see :meth:`Data.hold`) until it settles."""
+        items = [self.graph.data[d].item for d in written_data(self.graph)]
+        writes = [item for item in items if item is not None]
+        for item in writes:
+            item.hold(1)
+        if writes:
+            _unsettled.append(self)
+        return writes
+
     def _conclude(self) -> None:
-        """Read the engines' summaries (once); raise the run's error (every time)."""
-        if self.summaries is None and self._error is None:
-            try:
-                self._read_summaries()
-            except Exception as exc:  # noqa: BLE001 - kept, and raised below
-                self._error = exc
+        """Read the engines' summaries (once, after those of the runs made before this
+        one); raise the run's error (every time)."""
+        if not self._settled:
+            if self in _unsettled:
+                for earlier in _unsettled[: _unsettled.index(self)]:
+                    if earlier.done():  # (the engines ran it before this one)
+                        earlier._settle()
+            self._settle()
         if self._error is not None:
             raise self._error
+
+    def _settle(self) -> None:
+        """Read the summaries; the notebook's data take the final values of a run that
+        ended well; the run's holds are let go."""
+        self._settled = True
+        try:
+            if self.summaries is None and self._error is None:
+                self._read_summaries()
+        except Exception as exc:  # noqa: BLE001 - kept; _conclude raises it
+            self._error = exc
+        finally:
+            for item in self._writes:
+                item.hold(-1)
+            if self in _unsettled:
+                _unsettled.remove(self)
 
     def _read_summaries(self) -> None:
         try:
@@ -219,6 +260,11 @@ class EngineRun(RunHandle):
                 raise RunError(f"{err} ({self._cancelled})") from err
             cause = RemoteTraceback(err.traceback) if isinstance(err, TaskError) else None
             raise err from cause
+        for summary in summaries:  # (engine rank 0's: the final values of what it wrote)
+            for d, value in (summary.get("data") or {}).items():
+                item = self.graph.data[d].item
+                if item is not None:
+                    settle(item, value)
 
     def cancel(self, reason: str | None = None) -> None:
         """Stop the run on every engine; ``wait()`` then raises RunError naming
@@ -297,6 +343,13 @@ class EngineRun(RunHandle):
                 b = per_engine[key]
                 latest[b["rank"]] = (b["done"], b["total"])
         return sum(d for d, _ in latest.values()), self.graph.ntasks
+
+
+def _settle_ended_runs() -> None:
+    """Settle the runs that ended and that nobody waited for."""
+    for run in list(_unsettled):
+        if run.done():
+            run._settle()
 
 
 __all__ = ["STUCK_GRACE", "EngineRun"]

@@ -187,6 +187,8 @@ def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
         "stats": run.stats.as_dict(),
         "values": sorted(run.values),
         "error": error,
+        # the final values of the plain data the run wrote (every engine has them)
+        "data": getattr(run, "data_values", None) if error is None and cluster.rank == 0 else None,
         "batches": seq,
     }
 

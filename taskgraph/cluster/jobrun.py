@@ -10,6 +10,10 @@ an :class:`~taskgraph.run.executor.Executor`::
 
 Its values (:class:`RunValues`) are its own (:class:`~taskgraph.cluster.handle.RunHandle`);
 a value one rank holds is fetched collectively (:func:`taskgraph.run.comm.share_value`).
+When the run ends well, the plain data it wrote go from their home rank to every rank,
+into the user's own arrays and objects (:func:`share_data`; see
+:mod:`taskgraph.dsl.datadeps`), before ``wait()`` returns; a graph without plain data
+costs nothing more.
 :class:`IdleRun` is the handle a rank outside a smaller cluster gets: nothing runs there.
 """
 
@@ -24,11 +28,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.errors import GraphError, RunError
+from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.fingerprint import compare_ranks
 from ..dsl.graph import Graph
 from ..dsl.tilecheck import check_tiles
 from ..plan.planner import Plan
-from ..run.comm import World, share_value, tell_written, wait_written
+from ..run.comm import World, dumps, loads, share_value, tell_written, wait_sleeping, wait_written
 from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
 from .handle import RunHandle
@@ -53,6 +58,57 @@ def compile_kernels(graph: Graph) -> float:
                 seconds += fn.compile(todo)
                 _compiled.update((id(fn), dt.str) for dt in todo)
     return seconds
+
+
+def share_data(world: World, items: list[tuple[Data, int]], what: str) -> None:
+    """Each ``(item, home)``'s value from rank ``home`` to every rank of ``world``, into
+    the value each rank holds (:func:`taskgraph.dsl.datadeps.settle`). Collective over
+    ``world.values``: every rank calls it with the same list (the plan's), after a run
+    that ended well everywhere. ``what`` names the run in errors."""
+    comm = world.values
+    if comm is None or world.size == 1:
+        return
+    for item, home in items:
+        if item.is_array:
+            _share_array(comm, item, home)
+        else:
+            _share_object(comm, world.rank, item, home, what)
+
+
+def _share_array(comm, item: Data, home: int) -> None:
+    """An array as its buffer (no pickle): into the rank's own array where it is one C
+    buffer, else through a C-ordered copy."""
+    mine = item.value
+    if comm.Get_rank() == home:
+        wait_sleeping(comm.Ibcast(np.ascontiguousarray(mine), home))
+        return
+    direct = mine.flags.c_contiguous and mine.flags.writeable
+    buf = mine if direct else np.empty(mine.shape, mine.dtype)
+    wait_sleeping(comm.Ibcast(buf, home))
+    if not direct:
+        settle(item, buf)
+
+
+def _share_object(comm, rank: int, item: Data, home: int, what: str) -> None:
+    """An object pickled (protocol 5): its size first (-1: it cannot be pickled, an
+    error on every rank), then the bytes."""
+    payload, problem = b"", ""
+    if rank == home:
+        try:
+            payload = dumps(item.value)
+        except Exception as exc:  # noqa: BLE001 - told to every rank, then raised
+            problem = f"{type(exc).__name__}: {exc}"
+    size = np.array([len(payload) if not problem else -1], dtype=np.int64)
+    wait_sleeping(comm.Ibcast(size, home))
+    if size[0] < 0:
+        raise RunError(
+            f"run {what}: {item.describe()} on rank {home} cannot be sent to the other "
+            f"ranks after the run{': ' + problem if problem else ''}"
+        )
+    buf = bytearray(payload) if rank == home else bytearray(int(size[0]))
+    wait_sleeping(comm.Ibcast(buf, home))
+    if rank != home:
+        settle(item, loads(buf))
 
 
 def check_same_graph(graph: Graph, net) -> None:
@@ -146,6 +202,8 @@ class Run(RunHandle):
         self._finished = threading.Event()  # waited on, not join(): see join()
         self._cursor = (0, 0)
         self._trace: Trace | None = None
+        # the plain data the run wrote -> their final values, once it ended well
+        self.data_values: dict[int, object] = {}
         with _queue_lock:
             self._previous, _last_run = _last_run, self
         self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
@@ -191,6 +249,24 @@ class Run(RunHandle):
                 self.seconds = time.perf_counter() - t0
                 self._stats = ex.stats
                 self._claim_values(ex)
+            self._share_data()
+
+    def _share_data(self) -> None:
+        """The run ended well on every rank: each plain datum it wrote, from its home to
+        every rank (nothing at all for a graph without plain data)."""
+        written = written_data(self.graph, self.rank_plan.homes)
+        if not written:
+            return
+        items: dict[int, Data] = {}
+        for d in written:
+            item = self.graph.data[d].item
+            assert item is not None  # (written_data gives plain data only)
+            items[d] = item
+        homes = self.rank_plan.homes
+        share_data(
+            self.world, [(item, homes[d]) for d, item in items.items()], repr(self.graph.name)
+        )
+        self.data_values = {d: item.value for d, item in items.items()}
 
     def _executor_for(self, net) -> Executor:
         extra = {} if self.task_timeout is None else {"task_timeout": self.task_timeout}

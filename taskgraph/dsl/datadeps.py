@@ -13,7 +13,28 @@ Each object has one :class:`Data` handle per process (``tg.Data(x)`` twice gives
 same handle), which keeps the object alive. A handle pickles with its value and comes
 back, in another process, as one handle per handle of the sender, kept there for the
 life of that process: a graph sent twice to an engine refers to the same array there
-both times, and the second sees what the first wrote.
+both times.
+
+**Where the values are.** At the start of a run the values the caller holds are the
+truth: a handle an engine knows already takes the value the notebook sends with the
+next run (copied into the engine's array in place when shape and dtype match). During
+the run a datum lives on its home rank, where its writers update it in place. When a
+run ends well, every datum it wrote holds its final value everywhere the user can
+look (:func:`settle`)::
+
+    home rank ──Bcast (arrays: the buffer; objects: pickle protocol 5)──► every rank
+    engine rank 0 ──the run's summary──► the notebook's own arrays and objects
+
+on every rank of a batch job and on every engine, and in the notebook. Arrays are
+updated in place (``np.copyto`` into the same array object); objects too where Python
+allows it (the contents of a list, dict, set or bytearray, else the ``__dict__`` of an
+object of the same type). Any other object (a tuple, a str, an object with slots
+only) cannot change in place: off its home rank the handle gets the new object
+(``tg.Data(x).value``, and later graphs use it), but the user's own variable still
+names the old one. A failed run changes nothing off the home ranks (what its tasks
+wrote there stays). While an engine run that writes a datum is still going, a later
+run sends the handle without its value: the engines keep theirs, which the earlier
+run updates.
 """
 
 from __future__ import annotations
@@ -23,6 +44,7 @@ import os
 import pickle
 import uuid
 import weakref
+from collections.abc import Container
 
 import numpy as np
 
@@ -65,6 +87,7 @@ class Data:
         "_rw",
         "_problem",
         "_pickled_size",
+        "_in_flight",
         "__weakref__",
     )
 
@@ -93,6 +116,7 @@ class Data:
         self._rw: Access | None = None
         self._problem: str | None = None  # None: not checked yet
         self._pickled_size = 64  # (measured by problem(), for objects)
+        self._in_flight = 0  # engine runs going that write it: its value here is stale
         _by_uid[origin, uid] = self
 
     def _agree(self, rank: int | None, name: str | None) -> None:
@@ -108,7 +132,16 @@ class Data:
             self.name = name
 
     def __reduce__(self):
-        return (_restore, (self.origin, self.uid, self.value, self.rank, self.name))
+        # the value goes along (the receiver takes it), unless a run still going
+        # writes it: the receiver then keeps its own, which that run updates
+        value = None if self._in_flight else self.value
+        args = (self.origin, self.uid, value, self.rank, self.name, _ORIGIN, not self._in_flight)
+        return (_restore, args)
+
+    def hold(self, runs: int) -> None:
+        """Count ``runs`` more (or fewer, if negative) engine runs going that write this
+        datum: while any is, the handle pickles without its value (see the module doc)."""
+        self._in_flight = max(0, self._in_flight + runs)
 
     def __repr__(self) -> str:
         return self.name
@@ -198,11 +231,23 @@ class Data:
         return a
 
 
-def _restore(origin: str, uid: int, value, rank: int | None, name: str) -> Data:
+def _restore(
+    origin: str,
+    uid: int,
+    value,
+    rank: int | None,
+    name: str,
+    sender: str | None = None,
+    fresh: bool = True,
+) -> Data:
     """The handle ``(origin, uid)`` in this process: the one made or received before,
-    else a new one on the value that came with it."""
+    else a new one on the value that came with it. A known handle sent by another
+    process (``sender``) with its value (``fresh``) takes that value: the sender's
+    is the truth (see :func:`settle`)."""
     known = _by_uid.get((origin, uid))
     if known is not None:
+        if fresh and sender is not None and sender != _ORIGIN:
+            settle(known, value)
         return known
     self = object.__new__(Data)
     self._setup(value, rank, name, uid, origin)
@@ -211,6 +256,56 @@ def _restore(origin: str, uid: int, value, rank: int | None, name: str) -> Data:
     if _by_object.get(id(value)) is None:
         _by_object[id(value)] = self
     return self
+
+
+def update_in_place(old, new) -> bool:
+    """Make ``old`` hold what ``new`` holds, in place; False where Python cannot (then
+    ``old`` is unchanged). Arrays of the same shape and dtype (``np.copyto``); lists,
+    dicts, sets and bytearrays (their contents); other objects of the same type with a
+    ``__dict__`` (its contents)."""
+    if old is new:
+        return True
+    if isinstance(old, np.ndarray):
+        same = isinstance(new, np.ndarray) and (old.shape, old.dtype) == (new.shape, new.dtype)
+        if not same or not old.flags.writeable:
+            return False
+        np.copyto(old, new)
+        return True
+    if type(old) is not type(new):
+        return False
+    if isinstance(old, list | bytearray):
+        old[:] = new
+    elif isinstance(old, dict | set):
+        old.clear()
+        old.update(new)
+    elif isinstance(getattr(old, "__dict__", None), dict) and not hasattr(type(old), "__slots__"):
+        old.__dict__.clear()
+        old.__dict__.update(new.__dict__)
+    else:
+        return False
+    return True
+
+
+def settle(item: Data, new) -> None:
+    """``item`` holds ``new`` (a final value from its home, or the notebook's value at
+    the start of a run): copied into its value in place where
+    :func:`update_in_place` can, else its value becomes ``new``."""
+    if update_in_place(item.value, new):
+        return
+    item.value = new
+    item._problem = None  # (checked again for the new value when next used)
+    _by_object[id(new)] = item
+
+
+def written_data(graph, plain: Container[int] | None = None) -> list[int]:
+    """The plain data (indices into ``graph.data``) some task of ``graph`` writes, in
+    order. ``plain``: the plain data of the graph, if known (a plan's ``homes``; empty:
+    none, found at no cost)."""
+    if plain is None:
+        plain = {d for d, datum in enumerate(graph.data) if datum.item is not None}
+    if not plain:
+        return []
+    return sorted({d for t in graph.tasks for d, _ in t.writes if d in plain})
 
 
 def _check_rank(rank) -> int | None:
