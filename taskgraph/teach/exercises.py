@@ -17,6 +17,7 @@ from ..core import config
 from ..core.errors import GraphError, TaskgraphError
 from ..dsl.graph import Graph
 from ..dsl.tiled import TiledMatrix
+from ..linalg import lu_nopiv
 from .compare import compare
 from .feedback import Feedback, Finding
 
@@ -24,8 +25,6 @@ from .feedback import Feedback, Finding
 def reference_lu(A, name: str = "lu-reference") -> Graph:
     """Right-looking tiled LU without pivoting of A (in place: unit L below, U above):
     :func:`taskgraph.linalg.lu_nopiv`."""
-    from ..linalg import lu_nopiv
-
     return lu_nopiv(A, name=name)
 
 
