@@ -151,11 +151,13 @@ def test_in_a_job_every_rank_sees_what_the_run_wrote(run_cli):
 # -- 2 engines -------------------------------------------------------------------------------
 
 
-def engine_values(origin: str, uid: int):
-    """The value of the handle ``(origin, uid)`` on this engine (a list)."""
-    from taskgraph.dsl import datadeps
+ENGINE_VALUE = "__import__('taskgraph.dsl.datadeps').dsl.datadeps._by_uid[key].value.tolist()"
 
-    return datadeps._by_uid[origin, uid].value.tolist()
+
+def engine_values(c, item) -> list:
+    """The value of ``item``'s handle on each engine, as lists (by eval: the engines
+    cannot import this file)."""
+    return c.view.apply_sync(eval, ENGINE_VALUE, {"key": (item.origin, item.uid)})
 
 
 @pytest.mark.mpi
@@ -192,7 +194,7 @@ def check_engines(c) -> None:
         extend(tg.rw(tg.Data(log, rank=1)), "a")
     c.run(g1).wait()
     assert x.tolist() == [5.0] * 3 and log == ["a"]
-    assert c.view.apply_sync(engine_values, dx.origin, dx.uid) == [[5.0] * 3] * 2
+    assert engine_values(c, dx) == [[5.0] * 3] * 2
     x[:] = 1  # a change in the notebook: the next run starts from it
     with tg.Graph() as g2:
         add_one(tg.rw(x))
@@ -200,7 +202,7 @@ def check_engines(c) -> None:
     c.run(g2).wait()
     assert out.result().tolist() == [2.0] * 3
     assert x.tolist() == [2.0] * 3
-    assert c.view.apply_sync(engine_values, dx.origin, dx.uid) == [[2.0] * 3] * 2
+    assert engine_values(c, dx) == [[2.0] * 3] * 2
     with tg.Graph() as g3:
         fill(tg.w(x), 9)
         fail(tg.r(x))
