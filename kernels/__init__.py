@@ -36,113 +36,41 @@ __all__ = [
 _DTYPES = ("float32", "float64")
 
 
-def _compiler(op: str):
+def _declare(module, name: str, modes: str, dims: str, dtypes, flops) -> Kernel:
+    """The built-in kernel ``module.<name>``, compiled by ``module.compile_op``."""
+
     def compile(dtype: np.dtype) -> None:
-        cholesky.compile_op(op, dtype)
+        module.compile_op(name, dtype)
 
-    return compile
+    fn = getattr(module, name)
+    return Kernel(fn, name=name, modes=modes, dims=dims, dtypes=dtypes, flops=flops,
+                  compile=compile, nogil=True)  # fmt: skip
 
 
-potrf = Kernel(
-    cholesky.potrf,
-    name="potrf",
-    modes="rw",
-    dims="nn",
-    dtypes=_DTYPES,
-    flops=lambda n: n**3 / 3,
-    compile=_compiler("potrf"),
-    nogil=True,
-)
-
-trsm = Kernel(
-    cholesky.trsm,
-    name="trsm",
-    modes="r,rw",
-    dims="kk,mk",
-    dtypes=_DTYPES,
-    flops=lambda m, k: m * k * k,
-    compile=_compiler("trsm"),
-    nogil=True,
-)
-
-syrk = Kernel(
-    cholesky.syrk,
-    name="syrk",
-    modes="r,rw",
-    dims="mk,mm",
-    dtypes=_DTYPES,
-    flops=lambda m, k: m * m * k,
-    compile=_compiler("syrk"),
-    nogil=True,
-)
-
-gemm = Kernel(
-    cholesky.gemm,
-    name="gemm",
-    modes="r,r,rw",
-    dims="mk,nk,mn",
-    dtypes=_DTYPES,
-    flops=lambda m, n, k: 2 * m * n * k,
-    compile=_compiler("gemm"),
-    nogil=True,
-)
+potrf = _declare(cholesky, "potrf", "rw", "nn", _DTYPES, lambda n: n**3 / 3)
+trsm = _declare(cholesky, "trsm", "r,rw", "kk,mk", _DTYPES, lambda m, k: m * k * k)
+syrk = _declare(cholesky, "syrk", "r,rw", "mk,mm", _DTYPES, lambda m, k: m * m * k)
+gemm = _declare(cholesky, "gemm", "r,r,rw", "mk,nk,mn", _DTYPES, lambda m, n, k: 2 * m * n * k)
 
 CHOLESKY_KERNELS = (potrf, trsm, syrk, gemm)
-
-
-def _qr_compiler(op: str):
-    def compile(dtype: np.dtype) -> None:
-        qr.compile_op(op, dtype)
-
-    return compile
-
 
 _QR_DTYPES = tuple(d.name for d in qr.DTYPES)
 
 # Tile QR (see kernels/qr.py for what each does); T tiles have >= ib rows ("x")
-geqrt = Kernel(
-    qr.geqrt,
-    name="geqrt",
-    modes="rw,w,int",
-    dims="mn,xn,",
-    dtypes=_QR_DTYPES,
-    flops=lambda m, n, x: 2 * n * n * (m - n / 3),
-    compile=_qr_compiler("geqrt"),
-    nogil=True,
+geqrt = _declare(
+    qr, "geqrt", "rw,w,int", "mn,xn,", _QR_DTYPES, lambda m, n, x: 2 * n * n * (m - n / 3)
 )
-
-gemqrt = Kernel(
-    qr.gemqrt,
-    name="gemqrt",
-    modes="r,r,rw,int",
-    dims="mk,xk,mn,",
-    dtypes=_QR_DTYPES,
-    flops=lambda m, k, x, n: 4 * m * n * k - 2 * n * k * k,
-    compile=_qr_compiler("gemqrt"),
-    nogil=True,
+gemqrt = _declare(
+    qr, "gemqrt", "r,r,rw,int", "mk,xk,mn,", _QR_DTYPES,
+    lambda m, k, x, n: 4 * m * n * k - 2 * n * k * k,
+)  # fmt: skip
+tpqrt = _declare(
+    qr, "tpqrt", "rw,rw,w,int", "an,mn,xn,", _QR_DTYPES, lambda a, n, m, x: 2 * m * n * n
 )
-
-tpqrt = Kernel(
-    qr.tpqrt,
-    name="tpqrt",
-    modes="rw,rw,w,int",
-    dims="an,mn,xn,",
-    dtypes=_QR_DTYPES,
-    flops=lambda a, n, m, x: 2 * m * n * n,
-    compile=_qr_compiler("tpqrt"),
-    nogil=True,
-)
-
-tpmqrt = Kernel(
-    qr.tpmqrt,
-    name="tpmqrt",
-    modes="r,r,rw,rw,int",
-    dims="mk,xk,an,mn,",
-    dtypes=_QR_DTYPES,
-    flops=lambda m, k, x, a, n: 4 * m * n * k,
-    compile=_qr_compiler("tpmqrt"),
-    nogil=True,
-)
+tpmqrt = _declare(
+    qr, "tpmqrt", "r,r,rw,rw,int", "mk,xk,an,mn,", _QR_DTYPES,
+    lambda m, k, x, a, n: 4 * m * n * k,
+)  # fmt: skip
 
 QR_KERNELS = (geqrt, gemqrt, tpqrt, tpmqrt)
 
