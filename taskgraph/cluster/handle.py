@@ -4,7 +4,9 @@ A run keeps its own values: two runs of one graph (with different inputs) each a
 ``run.result(future)`` with theirs. ``future.result()`` reads the graph's latest run
 (``graph.last_run``, set when a run is made). The job's runs
 (:class:`~taskgraph.cluster.jobrun.Run`) and the engines' runs
-(:class:`~taskgraph.cluster.engine_run.EngineRun`) subclass it::
+(:class:`~taskgraph.cluster.engine_run.EngineRun`) subclass it. When a run ends well,
+the plain data it wrote (``tg.rw(x)``) hold their final values on every rank, every
+engine and in the notebook by the time ``wait()`` returns (:mod:`taskgraph.dsl.datadeps`)::
 
     queued ──(the earlier run ended)──► running ──► done | failed
 """

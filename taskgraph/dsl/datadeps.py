@@ -33,7 +33,7 @@ only) cannot change in place: off its home rank the handle gets the new object
 (``tg.Data(x).value``, and later graphs use it), but the user's own variable still
 names the old one. A failed run changes nothing off the home ranks (what its tasks
 wrote there stays). While an engine run that writes a datum is still going, a later
-run sends the handle without its value: the engines keep theirs, which the earlier
+run sends the handle marked not fresh: the engines keep their value, which the earlier
 run updates.
 """
 
@@ -132,15 +132,15 @@ class Data:
             self.name = name
 
     def __reduce__(self):
-        # the value goes along (the receiver takes it), unless a run still going
-        # writes it: the receiver then keeps its own, which that run updates
-        value = None if self._in_flight else self.value
-        args = (self.origin, self.uid, value, self.rank, self.name, _ORIGIN, not self._in_flight)
-        return (_restore, args)
+        # the receiver takes the value, unless a run still going writes it (not fresh):
+        # then it keeps its own, which that run updates (the value is for one that has none)
+        fresh = not self._in_flight
+        return (_restore, (self.origin, self.uid, self.value, self.rank, self.name, _ORIGIN, fresh))
 
     def hold(self, runs: int) -> None:
         """Count ``runs`` more (or fewer, if negative) engine runs going that write this
-        datum: while any is, the handle pickles without its value (see the module doc)."""
+        datum: while any is, a process that knows the handle already keeps its own value
+        when it receives it (see the module doc)."""
         self._in_flight = max(0, self._in_flight + runs)
 
     def __repr__(self) -> str:
