@@ -27,6 +27,7 @@ first use if nobody called :func:`compile_op` before.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
@@ -36,6 +37,7 @@ from numba.extending import register_jitable
 from taskgraph.core.errors import NotPositiveDefiniteError
 
 from . import _lapack
+from ._jit import Compiled
 
 __all__ = ["potrf", "trsm", "syrk", "gemm", "compile_op", "signature", "JITTED", "DTYPES"]
 
@@ -193,9 +195,6 @@ JITTED: dict[tuple[str, str], Callable] = {
     for dt in DTYPES
 }
 
-# The compiled inner functions, per operation and dtype, filled by compile_op().
-_READY: dict[str, dict[np.dtype, Callable]] = {op: {} for op in _OPS}
-
 
 def signature(op: str, dtype: np.dtype) -> numba.core.typing.Signature:
     """The one numba signature the inner function of ``op`` is compiled for."""
@@ -204,18 +203,12 @@ def signature(op: str, dtype: np.dtype) -> numba.core.typing.Signature:
     return restype(*(types.Array(scalar, 2, "A", readonly=ro) for ro in readonly))
 
 
-def compile_op(op: str, dtype: np.dtype | str = np.float64) -> Callable:
+_COMPILED = Compiled(JITTED, signature, DTYPES)
+
+
+def compile_op(op: str, dtype: Any = np.float64) -> Any:
     """Compile the inner function of ``op`` for ``dtype`` (once) and return it."""
-    dtype = np.dtype(dtype)
-    ready = _READY[op]
-    if dtype not in ready:
-        if dtype not in DTYPES:
-            raise ValueError(f"{op} works on float32 or float64 tiles, not {dtype}")
-        fn = JITTED[op, dtype.name]
-        fn.compile(signature(op, dtype))
-        fn.disable_compile()
-        ready[dtype] = fn
-    return ready[dtype]
+    return _COMPILED(op, dtype)
 
 
 # -- tier 2: validating wrappers ------------------------------------------------------
@@ -247,7 +240,7 @@ def _inner(op: str, tiles: tuple[np.ndarray, ...], names: str) -> Callable:
         if tile.dtype != dtype:
             got = ", ".join(f"{n}: {t.dtype}" for t, n in zip(tiles, names))
             raise ValueError(f"{op} needs tiles of one dtype, got {got}")
-    fn = _READY[op].get(dtype)
+    fn = _COMPILED.ready[op].get(dtype)
     return fn if fn is not None else compile_op(op, dtype)
 
 

@@ -28,6 +28,7 @@ import numba
 import numpy as np
 from numba import types
 
+from ._jit import Compiled
 from ._lapack import QR_ROUTINES
 from .cholesky import _ld, _named, _shape
 
@@ -174,7 +175,6 @@ def _jitted(op: str, dtype: np.dtype) -> Callable:
 JITTED: dict[tuple[str, str], Any] = {
     (op, dt.name): _jitted(op, dt) for op in _OPS for dt in DTYPES
 }
-_READY: dict[str, dict[np.dtype, Any]] = {op: {} for op in _OPS}
 
 
 def signature(op: str, dtype: np.dtype) -> numba.core.typing.Signature:
@@ -185,19 +185,12 @@ def signature(op: str, dtype: np.dtype) -> numba.core.typing.Signature:
     return types.int64(*arrays, types.int64)
 
 
+_COMPILED = Compiled(JITTED, signature, DTYPES)
+
+
 def compile_op(op: str, dtype: Any = np.float64) -> Any:
     """Compile the inner function of ``op`` for ``dtype`` (once) and return it."""
-    dtype = np.dtype(dtype)
-    ready = _READY[op]
-    if dtype not in ready:
-        if dtype not in DTYPES:
-            allowed = ", ".join(d.name for d in DTYPES)
-            raise ValueError(f"{op} works on {allowed}, not {dtype}")
-        fn = JITTED[op, dtype.name]
-        fn.compile(signature(op, dtype))
-        fn.disable_compile()  # no other specialisation behind our back mid-run
-        ready[dtype] = fn
-    return ready[dtype]
+    return _COMPILED(op, dtype)
 
 
 # -- tier 2: validating wrappers ------------------------------------------------------
@@ -220,7 +213,7 @@ def _call(op: str, tiles: tuple[np.ndarray, ...], names: str, ib: int) -> None:
     for t, n in zip(tiles, names):
         if not t.flags.writeable and n in _WRITES[op]:
             raise ValueError(f"{op} writes {n}, which is read-only")
-    fn = _READY[op].get(tiles[0].dtype) or compile_op(op, tiles[0].dtype)
+    fn = _COMPILED.ready[op].get(tiles[0].dtype) or compile_op(op, tiles[0].dtype)
     info = fn(*tiles, int(ib))
     if info < 0:
         raise ValueError(f"{op}: LAPACK rejected argument {-info} (info={info})")

@@ -37,6 +37,7 @@ from numba import types
 from taskgraph.dsl.kernel import Kernel
 
 from . import _lapack
+from ._jit import Compiled
 from .cholesky import _shape, gemm_maker, trsm_maker
 
 __all__ = [
@@ -115,7 +116,6 @@ def _jitted(op: str, dtype: np.dtype) -> Callable:
 JITTED: dict[tuple[str, str], Any] = {
     (op, dt.name): _jitted(op, dt) for op in _OPS for dt in DTYPES
 }
-_READY: dict[str, dict[np.dtype, Callable]] = {op: {} for op in _OPS}
 
 
 def signature(op: str, dtype: np.dtype) -> numba.core.typing.Signature:
@@ -125,18 +125,12 @@ def signature(op: str, dtype: np.dtype) -> numba.core.typing.Signature:
     return restype(*(types.Array(scalar, 2, "A", readonly=ro) for ro in readonly))
 
 
-def compile_op(op: str, dtype: np.dtype | str = "float64") -> Callable:
+_COMPILED = Compiled(JITTED, signature, DTYPES)
+
+
+def compile_op(op: str, dtype: Any = np.float64) -> Any:
     """Compile the inner function of ``op`` for ``dtype`` (once) and return it."""
-    dtype = np.dtype(dtype)
-    ready = _READY[op]
-    if dtype not in ready:
-        if dtype not in DTYPES:
-            raise ValueError(f"{op} works on float32 or float64 tiles, not {dtype}")
-        fn = JITTED[op, dtype.name]
-        fn.compile(signature(op, dtype))
-        fn.disable_compile()  # no other specialisation behind our back mid-run
-        ready[dtype] = fn
-    return ready[dtype]
+    return _COMPILED(op, dtype)
 
 
 # -- tier 2: validating wrappers ------------------------------------------------------
@@ -150,7 +144,7 @@ def _run(op: str, tiles: tuple[np.ndarray, ...], names: tuple[str, ...]):
         raise ValueError(f"{op} needs tiles of one dtype, got {got}")
     if not tiles[-1].flags.writeable:
         raise ValueError(f"{op} writes {names[-1]}, which is read-only")
-    fn = _READY[op].get(dtype) or compile_op(op, dtype)
+    fn = _COMPILED.ready[op].get(dtype) or compile_op(op, dtype)
     return shapes, fn
 
 
