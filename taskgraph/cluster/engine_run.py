@@ -18,6 +18,7 @@ overwritten by an earlier run read afterwards.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ STUCK_GRACE = 5.0  # seconds past a task's limit before its silent engine is cal
 
 # runs of this process that write plain data and have not settled, in the order made
 _unsettled: list[EngineRun] = []
+_settling = threading.RLock()  # (a live view may ask for a run's state from its thread)
 
 
 class EngineRun(RunHandle):
@@ -214,18 +216,21 @@ class EngineRun(RunHandle):
     def _conclude(self) -> None:
         """Read the engines' summaries (once, after those of the runs made before this
         one); raise the run's error (every time)."""
-        if not self._settled:
-            if self in _unsettled:
-                for earlier in _unsettled[: _unsettled.index(self)]:
-                    if earlier.done():  # (the engines ran it before this one)
-                        earlier._settle()
-            self._settle()
+        with _settling:
+            if not self._settled:
+                if self in _unsettled:
+                    for earlier in _unsettled[: _unsettled.index(self)]:
+                        if earlier.done():  # (the engines ran it before this one)
+                            earlier._settle()
+                self._settle()
         if self._error is not None:
             raise self._error
 
     def _settle(self) -> None:
         """Read the summaries; the notebook's data take the final values of a run that
-        ended well; the run's holds are let go."""
+        ended well; the run's holds are let go. ``_settling`` held."""
+        if self._settled:
+            return
         self._settled = True
         try:
             if self.summaries is None and self._error is None:
@@ -347,9 +352,10 @@ class EngineRun(RunHandle):
 
 def _settle_ended_runs() -> None:
     """Settle the runs that ended and that nobody waited for."""
-    for run in list(_unsettled):
-        if run.done():
-            run._settle()
+    with _settling:
+        for run in list(_unsettled):
+            if run.done():
+                run._settle()
 
 
 __all__ = ["STUCK_GRACE", "EngineRun"]
