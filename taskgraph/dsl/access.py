@@ -65,3 +65,41 @@ class Access:
 
     def __repr__(self) -> str:
         return f"{self.tile!r}.{self.mode.mark}"
+
+
+class Markable:
+    """What a task can be marked as using: ``.r`` (read), ``.w`` (overwritten, not
+    read) and ``.rw`` (read and written) give its marks, each made once (recording a
+    10^6-task graph asks for them millions of times). Tiles and plain data are this."""
+
+    __slots__ = ("_r", "_w", "_rw")
+
+    def forget_marks(self) -> None:
+        """Drop the cached marks (each refers back to this handle)."""
+        self._r: Access | None = None
+        self._w: Access | None = None
+        self._rw: Access | None = None
+
+    @property
+    def r(self) -> Access:
+        """This marked as read by the task (``A[i, j].r``, ``tg.r(x)``)."""
+        a = self._r
+        if a is None:
+            a = self._r = Access(self, Mode.R, 1)
+        return a
+
+    @property
+    def w(self) -> Access:
+        """This marked as overwritten, not read, by the task (``A[i, j].w``)."""
+        a = self._w
+        if a is None:
+            a = self._w = Access(self, Mode.W, 2)
+        return a
+
+    @property
+    def rw(self) -> Access:
+        """This marked as read and written by the task (``A[i, j].rw``)."""
+        a = self._rw
+        if a is None:
+            a = self._rw = Access(self, Mode.RW, 3)
+        return a

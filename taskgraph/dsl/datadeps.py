@@ -49,7 +49,7 @@ from collections.abc import Container
 import numpy as np
 
 from ..core.errors import GraphError
-from .access import Access, Mode
+from .access import Access, Markable
 from .tasks import TaskRef
 
 _uids = itertools.count()
@@ -62,7 +62,7 @@ _by_uid: weakref.WeakValueDictionary[tuple[str, int], Data] = weakref.WeakValueD
 _received: dict[tuple[str, int], Data] = {}
 
 
-class Data:
+class Data(Markable):
     """A handle on a NumPy array or a picklable object that tasks read and write.
 
     value:
@@ -82,9 +82,6 @@ class Data:
         "name",
         "uid",
         "origin",
-        "_r",
-        "_w",
-        "_rw",
         "_problem",
         "_pickled_size",
         "_in_flight",
@@ -111,9 +108,7 @@ class Data:
         self.uid = uid
         self.origin = origin
         self.name = name or f"Data#{uid}"
-        self._r: Access | None = None
-        self._w: Access | None = None
-        self._rw: Access | None = None
+        self.forget_marks()
         self._problem: str | None = None  # None: not checked yet
         self._pickled_size = 64  # (measured by problem(), for objects)
         self._in_flight = 0  # engine runs going that write it: its value here is stale
@@ -203,32 +198,6 @@ class Data:
         except (pickle.PicklingError, TypeError, AttributeError, ValueError) as e:
             return f"{self.describe()} cannot be sent to another rank: pickling fails ({e})"
         return ""
-
-    # -- marks -------------------------------------------------------------------------
-
-    @property
-    def r(self) -> Access:
-        """This datum marked as read by the task."""
-        a = self._r
-        if a is None:
-            a = self._r = Access(self, Mode.R, 1)
-        return a
-
-    @property
-    def w(self) -> Access:
-        """This datum marked as written (overwritten) by the task."""
-        a = self._w
-        if a is None:
-            a = self._w = Access(self, Mode.W, 2)
-        return a
-
-    @property
-    def rw(self) -> Access:
-        """This datum marked as read and written by the task."""
-        a = self._rw
-        if a is None:
-            a = self._rw = Access(self, Mode.RW, 3)
-        return a
 
 
 def _restore(

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..core.errors import GraphError
 from . import memory
-from .access import Access, Mode
+from .access import Markable
 from .nested import describe
 from .placement import distribution_grid, owner_table
 
@@ -72,7 +72,7 @@ def use_clusters(kind: type, current: Callable[[], Any]) -> None:
     _cluster_kind, _current_cluster = kind, current
 
 
-class Tile:
+class Tile(Markable):
     """Handle on tile (i, j) of a matrix; ``.r``, ``.w``, ``.rw`` mark how a task uses it.
 
     A matrix hands out one handle per tile (``A[i, j] is A[i, j]``) while a graph is
@@ -80,43 +80,13 @@ class Tile:
     graph indexes tiles millions of times.
     """
 
-    __slots__ = ("matrix", "i", "j", "_r", "_w", "_rw")
+    __slots__ = ("matrix", "i", "j")
 
     def __init__(self, matrix: TiledMatrix, i: int, j: int):
         self.matrix = matrix
         self.i = i
         self.j = j
-        self._r: Access | None = None
-        self._w: Access | None = None
-        self._rw: Access | None = None
-
-    @property
-    def r(self) -> Access:
-        """This tile marked as read by the task (``A[i, j].r``)."""
-        a = self._r
-        if a is None:
-            a = self._r = Access(self, Mode.R, 1)
-        return a
-
-    @property
-    def w(self) -> Access:
-        """This tile marked as overwritten, not read, by the task (``A[i, j].w``)."""
-        a = self._w
-        if a is None:
-            a = self._w = Access(self, Mode.W, 2)
-        return a
-
-    @property
-    def rw(self) -> Access:
-        """This tile marked as read and written by the task (``A[i, j].rw``)."""
-        a = self._rw
-        if a is None:
-            a = self._rw = Access(self, Mode.RW, 3)
-        return a
-
-    def forget_marks(self) -> None:
-        """Drop the cached marks (each refers back to this tile)."""
-        self._r = self._w = self._rw = None
+        self.forget_marks()
 
     def __getstate__(self):
         return (self.matrix, self.i, self.j)
@@ -509,7 +479,8 @@ class TiledMatrix:
 
 
 def TiledVector(n: int, tile: int | tuple[int], dtype=np.float64, **kw) -> TiledMatrix:
-    """A vector of ``n`` entries in 1-D tiles of ``tile``: ``TiledMatrix((n,), tile)``.
+    """A vector of ``n`` entries of ``dtype`` in 1-D tiles of ``tile``:
+    ``TiledMatrix((n,), tile, dtype)``.
 
     Indexed ``v[i]`` (its tiles' keys are ``(uid, i, 0)``); ``kw`` as for
     :class:`TiledMatrix`. Its tiles are dealt over all ranks (a P x 1 grid) by the

@@ -96,8 +96,9 @@ class RankPlan:
 @dataclass
 class Plan:
     """The plan of ``graph`` on ``nranks`` ranks (made by :func:`make_plan`):
-    ``placement`` (the rank of each task), ``priority`` (each task's bottom level) and
-    the cross-rank ``messages``, tagged. :meth:`for_rank` extracts one rank's part."""
+    ``placement`` (the rank of each task), ``priority`` (each task's bottom level),
+    the cross-rank ``messages``, tagged, and ``owner_of`` (each datum's rank before the
+    run: a tile's owner, a plain datum's home). :meth:`for_rank` extracts one rank's part."""
 
     graph: Graph
     nranks: int
