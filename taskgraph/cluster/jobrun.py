@@ -33,7 +33,16 @@ from ..dsl.fingerprint import compare_ranks
 from ..dsl.graph import Graph
 from ..dsl.tilecheck import check_tiles
 from ..plan.planner import Plan
-from ..run.comm import World, dumps, loads, share_value, tell_written, wait_sleeping, wait_written
+from ..run.comm import (
+    World,
+    dumps,
+    loads,
+    share_value,
+    tell_written,
+    wait_sleeping,
+    wait_written,
+    wire,
+)
 from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
 from .handle import RunHandle
@@ -80,11 +89,11 @@ def _share_array(comm, item: Data, home: int) -> None:
     buffer, else through a C-ordered copy."""
     mine = item.value
     if comm.Get_rank() == home:
-        wait_sleeping(comm.Ibcast(np.ascontiguousarray(mine), home))
+        wait_sleeping(comm.Ibcast(wire(np.ascontiguousarray(mine)), home))
         return
     direct = mine.flags.c_contiguous and mine.flags.writeable
     buf = mine if direct else np.empty(mine.shape, mine.dtype)
-    wait_sleeping(comm.Ibcast(buf, home))
+    wait_sleeping(comm.Ibcast(wire(buf), home))
     if not direct:
         settle(item, buf)
 

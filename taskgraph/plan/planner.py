@@ -63,6 +63,7 @@ class Message:
     consumers: list[int] = field(default_factory=list)  # tasks on dst waiting for it, once each
     release: list[int] = field(default_factory=list)  # tasks on src waiting for the send
     home: bool = False  # a version made elsewhere, received into the owner's storage
+    order: str = "F"  # a tile's layout; "C" for a plain C-ordered array of 2+ dimensions
 
 
 @dataclass
@@ -348,7 +349,10 @@ def _data_message(
     if plain is not None and plain.is_array:
         assert plain.shape is not None and plain.dtype is not None
         shape, dtype = tuple(plain.shape), wire_dtype(plain.dtype)
-        return Message(src, dst, "tile", d, prod, plain.nbytes, shape, dtype, home=home)
+        order = "F" if plain.value.flags.f_contiguous else "C"  # (received as it is sent)
+        msg = Message(src, dst, "tile", d, prod, plain.nbytes, shape, dtype, home=home)
+        msg.order = order
+        return msg
     return Message(src, dst, "value", d, prod, item.nbytes)
 
 

@@ -43,19 +43,25 @@ class BufferPool:
         self.handed_out = 0  # buffers ever handed out
         self._slabs = memory.Slabs()  # large ones on huge pages (see taskgraph.dsl.memory)
 
-    def get(self, shape: tuple, dtype: str | np.dtype) -> np.ndarray:
+    def get(self, shape: tuple, dtype: str | np.dtype, order: str = "F") -> np.ndarray:
+        """A buffer of ``shape`` and ``dtype``, Fortran-ordered (tiles) or, with
+        ``order="C"``, C-ordered (plain arrays: a buffer is received as it is sent)."""
         self.handed_out += 1
         dt = self._dtypes.get(dtype)
         if dt is None:
             dt = self._dtypes[dtype] = np.dtype(dtype)
-        stack = self._free.get((shape, dt))
+        key: tuple = (shape, dt) if order == "F" else (shape, dt, "C")
+        stack = self._free.get(key)
         if stack:
             return stack.pop()
         self.allocated += 1
-        return self._slabs.new(shape, dt)
+        return self._slabs.new(shape, dt) if order == "F" else np.empty(shape, dt)
 
     def put(self, arr: np.ndarray) -> None:
-        key = (arr.shape, arr.dtype)
+        """``arr`` back, for a later :meth:`get` of its shape, dtype and order."""
+        key: tuple = (arr.shape, arr.dtype)
+        if not arr.flags.f_contiguous:
+            key += ("C",)
         stack = self._free.get(key)
         if stack is None:
             self._free[key] = [arr]

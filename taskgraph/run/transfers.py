@@ -355,7 +355,7 @@ class Transfers:
     def tile_buffer(self, msg: Message) -> np.ndarray:
         """A pooled buffer for a tile message."""
         assert msg.shape is not None and msg.dtype is not None
-        return self.pool.get(msg.shape, msg.dtype)
+        return self.pool.get(msg.shape, msg.dtype, msg.order)
 
     def _home_buffer(self, msg: Message) -> np.ndarray:
         """:meth:`tile_buffer` of a plan with home messages: these land in storage."""
@@ -366,7 +366,7 @@ class Transfers:
                     f"rank {self.net.rank} has no storage for {self.graph.data[msg.data].label()}"
                 )
             return arr
-        return self.pool.get(msg.shape, msg.dtype)  # type: ignore[arg-type]
+        return self.pool.get(msg.shape, msg.dtype, msg.order)  # type: ignore[arg-type]
 
     def start_recv(self, msg: Message, req, buf) -> None:
         """A receive was posted (or a probed message is being received)."""

@@ -31,8 +31,7 @@ def _new_buffer(datum) -> np.ndarray:
     """A buffer for a version of ``datum`` written without being read first."""
     if datum.tile is not None:
         return np.empty(datum.tile.shape, datum.tile.dtype, order="F")  # (tiles are F)
-    item = datum.item
-    return np.empty(item.shape, item.dtype)
+    return np.empty_like(datum.item.value)  # (its layout, as the messages expect)
 
 
 class WorkerLoop:
