@@ -60,7 +60,7 @@ def qr_workspace(A: TiledMatrix, ib: int = QR_IB, name: str | None = None) -> Ti
             f"qr: the inner block size ib={ib} must be in 1..{A.tile_rows} (A's tile rows)"
         )
     named = isinstance(A.distribution, str)
-    return TiledMatrix(
+    return TiledMatrix.zeros(  # (zeros: made on the engines too, from a notebook)
         (A.mt * ib, A.shape[1]),
         (ib, A.tile_cols),
         A.dtype,

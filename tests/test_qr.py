@@ -203,3 +203,33 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_qr_from_a_notebook_on_two_engines():
+    """qr_workspace's T exists on the engines too (it once existed only in the notebook:
+    'no matrix -2 in this process')."""
+    import os
+    import uuid
+
+    from conftest import assert_none_left
+
+    marker = uuid.uuid4().hex
+    old = os.environ.get("TASKGRAPH_TEST_JOB")
+    os.environ["TASKGRAPH_TEST_JOB"] = marker
+    try:
+        a = np.random.default_rng(3).standard_normal((70, 45))
+        with tg.Cluster(n=2) as c:
+            A = tg.TiledMatrix.from_numpy(c, a, tile=16)
+            T = qr_workspace(A, ib=8)
+            c.run(qr(A, T, ib=8)).wait()
+            r = np.triu(A.gather())[:45]
+        want = np.linalg.qr(a, mode="r")
+        assert np.allclose(np.abs(r), np.abs(want), atol=1e-10)
+    finally:
+        if old is None:
+            del os.environ["TASKGRAPH_TEST_JOB"]
+        else:
+            os.environ["TASKGRAPH_TEST_JOB"] = old
+    assert_none_left(marker)

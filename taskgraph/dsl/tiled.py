@@ -53,7 +53,11 @@ def lookup(uid: int) -> TiledMatrix:
     try:
         return _registry[uid]
     except KeyError:
-        raise GraphError(f"no matrix {uid} in this process") from None
+        raise GraphError(
+            f"no matrix {uid} in this process: in a notebook, the bare TiledMatrix(...) "
+            "makes no tiles on the engines; make it with TiledMatrix.zeros, from_function, "
+            "from_numpy or random_spd"
+        ) from None
 
 
 def _no_cluster() -> Any:
