@@ -112,7 +112,7 @@ def test_data_where_a_scalar_is_declared_names_the_task():
             axpy(A[0, 0].r, A[1, 1].rw, A[0, 1].r)
         with pytest.raises(tg.GraphError, match=r"argument 2 of shift is an int, but a marked"):
             shift(tg.rw(np.zeros(3)), tg.r(np.zeros(3)))
-        with pytest.raises(tg.GraphError, match=r"argument 2 \('a'\) is not marked data"):
+        with pytest.raises(tg.GraphError, match=r"argument 2 must be a scalar \(int\), not 'a'"):
             shift(tg.rw(np.zeros(3)), "a")
     assert g.ntasks == 0
 

@@ -297,6 +297,12 @@ class Builder:
                 continue
             if _scalar_kind(a) is not None:
                 continue
+            modes = kernel.modes
+            if i < len(modes) and modes[i] is None:  # a scalar is declared here
+                raise GraphError(
+                    f"task {kernel.name}(...): argument {i + 1} must be a scalar "
+                    f"({kernel.scalars[i]}), not {nested.describe(a)}"
+                )
             what = "a marked tile" if hasattr(a, "matrix") else "marked data"
             if hasattr(a, "matrix"):
                 hint = f"mark it: {a!r}.r, {a!r}.w or {a!r}.rw"

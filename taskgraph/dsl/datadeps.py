@@ -98,7 +98,7 @@ class Data(Markable):
             known._agree(rank, name)
             return known
         self = object.__new__(cls)
-        self._setup(value, _check_rank(rank), name, next(_uids), _ORIGIN)
+        self._setup(value, _check_rank(rank, name), name, next(_uids), _ORIGIN)
         _by_object[id(value)] = self
         return self
 
@@ -116,7 +116,7 @@ class Data(Markable):
 
     def _agree(self, rank: int | None, name: str | None) -> None:
         """Pin or name a handle made before; ValueError if that contradicts it."""
-        rank = _check_rank(rank)
+        rank = _check_rank(rank, self.name)
         if rank is not None and self.rank is not None and rank != self.rank:
             raise ValueError(f"{self.name} is pinned to rank {self.rank}, not {rank}")
         if rank is not None:
@@ -277,11 +277,15 @@ def written_data(graph, plain: Container[int] | None = None) -> list[int]:
     return sorted({d for t in graph.tasks for d, _ in t.writes if d in plain})
 
 
-def _check_rank(rank) -> int | None:
+def _check_rank(rank, name: str | None = None) -> int | None:
+    """``rank`` as an int (or None); ValueError naming the data ``name`` if it is not one."""
     if rank is None:
         return None
     if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 0:
-        raise ValueError(f"rank must be a rank number (an int >= 0) or None, not {rank!r}")
+        raise ValueError(
+            f"tg.Data({name or 'x'}, rank={rank!r}): rank must be a rank number "
+            "(an int >= 0) or None"
+        )
     return int(rank)
 
 

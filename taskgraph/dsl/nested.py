@@ -250,7 +250,8 @@ class PackedCall:
         return (
             f"task {self.name} wrote into a NumPy array it was given ({', '.join(arrays)}): "
             "a plain array passed to a task is a read-only constant of the graph; "
-            "return a new array, or keep the data in a TiledMatrix and pass marked tiles"
+            "mark it to write it (tg.rw(x) or tg.w(x) where the task is called), or return "
+            "a new array"
         )
 
     def label(self, labels: list[str]) -> str:
