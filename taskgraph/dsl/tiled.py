@@ -482,15 +482,21 @@ class TiledMatrix:
         return out
 
 
-def TiledVector(n: int, tile: int | tuple[int], dtype=np.float64, **kw) -> TiledMatrix:
-    """A vector of ``n`` entries of ``dtype`` in 1-D tiles of ``tile``:
-    ``TiledMatrix((n,), tile, dtype)``.
+class TiledVector(TiledMatrix):
+    """A vector of ``n`` entries of ``dtype`` in 1-D tiles of ``tile``: a
+    ``TiledMatrix((n,), tile, dtype)``, with its constructors (``TiledVector.zeros(n,
+    tile)``, ``TiledVector.from_numpy(v, tile)``, ...).
 
     Indexed ``v[i]`` (its tiles' keys are ``(uid, i, 0)``); ``kw`` as for
     :class:`TiledMatrix`. Its tiles are dealt over all ranks (a P x 1 grid) by the
     named distributions, and a callable owner is asked ``owner(i, 0)``.
     """
-    return TiledMatrix((n,), tile, dtype, **kw)
+
+    def __init__(self, n: int | tuple[int], tile: int | tuple[int], dtype=np.float64, **kw):
+        shape = tuple(n) if isinstance(n, tuple | list) else (n,)
+        if len(shape) != 1:
+            raise ValueError(f"a TiledVector has one dimension, not shape {shape}")
+        super().__init__(shape, tile, dtype, **kw)
 
 
 def _geometry(shape, tile) -> tuple[tuple[int, ...], tuple[int, int]]:
