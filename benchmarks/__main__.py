@@ -29,6 +29,7 @@ SUITES = [
     "binding",
     "graphsize",
     "tracing",
+    "dynamic",
 ]
 RESULTS = Path(__file__).parent / "results"
 
