@@ -11,11 +11,15 @@ mpi4py is never imported.
 ``cluster.run(graph)`` checks and plans the graph at once (a malformed graph raises
 here), then executes it in a background thread and returns a :class:`Run`:
 ``wait()`` blocks and raises if the run failed on any rank, ``done()`` polls,
-``cancel()`` stops it on every rank. Runs execute one at a time per process, in the
-order they were made (the same on every rank)::
+``cancel()`` stops it on every rank. Several runs may be in flight at once, each on
+communicators of its own, made in the order the runs are made (the same on every
+rank); one that fails or is cancelled leaves the others running. A run waits
+("queued") only for an earlier run still going that writes data it uses, or uses data
+it writes (:mod:`taskgraph.cluster.overlap`)::
 
-    run(g1) ─► Run #1  running ──────────► done
-    run(g2) ─► Run #2  queued ···········► running ─────► done
+    run(g1)              ─► Run #1  running ──────────────► done
+    run(g2)              ─► Run #2  running ─────► done          (other data: at once)
+    run(g3: reads g1's)  ─► Run #3  queued ···············► running ──► done
 
 Before a run starts, every rank checks that all ranks built the same graph (a
 fingerprint, :mod:`taskgraph.dsl.fingerprint`): a graph built in another order or with
@@ -33,6 +37,7 @@ hanging.
 from __future__ import annotations
 
 import sys
+import threading
 
 from ..core import config
 from ..core.errors import RunError
@@ -42,7 +47,7 @@ from ..plan.planner import Plan
 from ..run.comm import World, world
 from ..run.executor import BufferPool
 from .base import Cluster
-from .jobrun import IdleRun, Run, compile_kernels, last_run
+from .jobrun import IdleRun, Run, compile_kernels, runs_in_flight
 
 FETCH_TIMEOUT = 120.0  # seconds a rank waits for another's value in future.result()
 
@@ -90,7 +95,9 @@ class JobCluster(Cluster, kind="job"):
         here = part.local_size if part is not None else self.job.local_size
         self.workers = workers or config.workers(here)
         self.blas_threads = blas_threads or config.blas_threads()
-        self.pool = BufferPool()
+        self.pool = BufferPool()  # the first run's receive buffers (kept for the next)
+        self._spare_pools = [self.pool]  # pools no run in flight uses
+        self._pools_lock = threading.Lock()
         self.infos = self._infos()
         self.hosts = [info["host"] for info in self.infos]
         # scipy's BLAS (a library apart from numpy's) loaded now, before any run holds
@@ -157,8 +164,10 @@ class JobCluster(Cluster, kind="job"):
     ) -> Run | IdleRun:
         """Plan ``graph`` and start running it; returns a :class:`Run` at once.
 
-        A run made while an earlier one is still going waits for it (its state says
-        "queued"). ``workers``, ``blas_threads``: per rank, for this run (default:
+        Runs in flight at once run together; one made while an earlier run still going
+        writes data it uses (or uses data it writes) waits for that run (its state says
+        "queued"). Make runs from one thread, in the same order on every rank (SPMD).
+        ``workers``, ``blas_threads``: per rank, for this run (default:
         the cluster's); ``plan``: a plan made before (default: made now, on every
         rank); ``trace``: record events (on by default: it is cheap); ``task_timeout``:
         seconds any task may run, unless the task has a ``timeout`` of its own. On a
@@ -208,12 +217,27 @@ class JobCluster(Cluster, kind="job"):
         if part is None or part is self.job:
             return
         self.world = None
-        last = last_run()
-        if last is not None:
-            last.join()
+        for run in runs_in_flight():
+            if run.cluster is self:
+                run.join()
         for comm in (part.values, part.comm):
             if comm is not None:
                 comm.Free()
+
+    def take_pool(self) -> BufferPool:
+        """Receive buffers for a run: a pool no run in flight uses (a new one if every
+        pool is in use: a pool is one run's at a time)."""
+        with self._pools_lock:
+            spare = self._spare_pools
+            if self.pool in spare:  # (the cluster's own first: its buffers are kept)
+                spare.remove(self.pool)
+                return self.pool
+            return spare.pop() if spare else BufferPool()
+
+    def give_pool(self, pool: BufferPool) -> None:
+        """A run ended: its pool serves the next."""
+        with self._pools_lock:
+            self._spare_pools.append(pool)
 
     def gather_tiles(self, matrix, out, root) -> None:
         """Copy every tile of ``matrix`` into ``out`` on rank ``root`` (collective over

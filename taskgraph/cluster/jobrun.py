@@ -1,12 +1,20 @@
 """A graph running on the ranks of a batch job (or an engine's ranks): :class:`Run`.
 
 Made by :meth:`taskgraph.cluster.JobCluster.run`; see :mod:`taskgraph.cluster` for the
-picture. A run's thread waits for the run made before it in this process (one run at a
-time, the same order on every rank), compiles the graph's kernels, checks that every
+picture. Several runs may be in flight at once. The thread that makes a run posts its
+communicators there (:class:`~taskgraph.run.comm.RunComms`: every rank makes runs in
+the same order, so every rank pairs up the same ones). The run's own thread waits only
+for the earlier runs still going that write data it uses, or use data it writes
+(:mod:`taskgraph.cluster.overlap`), compiles the graph's kernels, checks that every
 rank built the same graph (:func:`check_same_graph`), then runs this rank's share with
-an :class:`~taskgraph.run.executor.Executor`::
+an :class:`~taskgraph.run.executor.Executor` of its own (its own worker threads and
+receive buffers)::
 
-    queued ──(the earlier run ended)──► running ──► done | failed
+    queued ──(the earlier runs it overlaps ended)──► running ──► done | failed
+      (only while such a run goes on: otherwise it is running at once)
+
+A failure or a cancel stays in its run. BLAS's thread count is process-wide: the runs
+in flight share one hold on it (:func:`blas_limit`).
 
 Its values (:class:`RunValues`) are its own (:class:`~taskgraph.cluster.handle.RunHandle`);
 a value one rank holds is fetched collectively (:func:`taskgraph.run.comm.share_value`).
@@ -23,6 +31,7 @@ import math
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +43,7 @@ from ..dsl.graph import Graph
 from ..dsl.tilecheck import check_tiles
 from ..plan.planner import Plan
 from ..run.comm import (
+    RunComms,
     World,
     dumps,
     loads,
@@ -46,6 +56,7 @@ from ..run.comm import (
 from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
 from .handle import RunHandle
+from .overlap import footprint, must_wait
 
 if TYPE_CHECKING:
     from .job import JobCluster
@@ -69,11 +80,12 @@ def compile_kernels(graph: Graph) -> float:
     return seconds
 
 
-def share_data(world: World, items: list[tuple[Data, int]], what: str) -> None:
+def share_data(world: World | RunComms, items: list[tuple[Data, int]], what: str) -> None:
     """Each ``(item, home)``'s value from rank ``home`` to every rank of ``world``, into
     the value each rank holds (:func:`taskgraph.dsl.datadeps.settle`). Collective over
-    ``world.values``: every rank calls it with the same list (the plan's), after a run
-    that ended well everywhere. ``what`` names the run in errors."""
+    ``world.values`` (a run's own :class:`RunComms`, so that two runs ending at once
+    never mix their broadcasts): every rank calls it with the same list (the plan's),
+    after a run that ended well everywhere. ``what`` names the run in errors."""
     comm = world.values
     if comm is None or world.size == 1:
         return
@@ -157,16 +169,50 @@ class RunValues(dict):
         return dict(self)
 
 
-_queue_lock = threading.Lock()
-_last_run: Run | None = None  # the run a new run waits for
+_blas_lock = threading.Lock()
+_blas_holds: list[int] = []  # the BLAS limit of each run in flight
+_blas_first = None  # the limiter of the first hold: it restores the original
+
+
+@contextmanager
+def blas_limit(threads: int):
+    """BLAS held to ``threads`` threads for the duration. The limit is process-wide, so
+    the runs in flight share it: the smallest limit among them holds, and the last one
+    to end restores what was there before (two plain ``threadpool_limits`` blocks would
+    let the first run to end lift the limit under the other)."""
+    global _blas_first
+    from threadpoolctl import threadpool_limits
+
+    with _blas_lock:
+        _blas_holds.append(threads)
+        if _blas_first is None:
+            _blas_first = threadpool_limits(limits=threads, user_api="blas")
+        elif threads < min(_blas_holds[:-1]):
+            threadpool_limits(limits=threads, user_api="blas")
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_holds.remove(threads)
+            if not _blas_holds:
+                _blas_first.restore_original_limits()
+                _blas_first = None
+            elif threads < min(_blas_holds):
+                threadpool_limits(limits=min(_blas_holds), user_api="blas")
+
+
+_flight_lock = threading.Lock()
+_in_flight: list[Run] = []  # the runs of this process not ended yet, in the order made
 
 
 class Run(RunHandle):
     """A graph executing on a job's ranks; returned at once by :meth:`JobCluster.run`.
 
-    States: queued (an earlier run of this process still going), running, done or
-    failed. ``wait()`` raises the run's error; ``result(future)`` or
-    ``future.result()`` gives a value (collective in batch: see the module doc).
+    States: queued (only while an earlier run still going writes data this one uses,
+    or uses data this one writes: :mod:`taskgraph.cluster.overlap`), running, done or
+    failed; other runs in flight run at once. ``wait()`` raises the run's error;
+    ``result(future)`` or ``future.result()`` gives a value (collective in batch: see
+    the module doc). Make runs from one thread (every rank in the same order).
 
     Parameters
     ----------
@@ -189,7 +235,6 @@ class Run(RunHandle):
         trace: bool = True,
         task_timeout: float | None = None,
     ):
-        global _last_run
         assert cluster.world is not None and cluster.rank is not None  # (a member's)
         super().__init__(cluster, graph, plan)
         self.world: World = cluster.world
@@ -213,32 +258,46 @@ class Run(RunHandle):
         self._trace: Trace | None = None
         # the plain data the run wrote -> their final values, once it ended well
         self.data_values: dict[int, object] = {}
-        with _queue_lock:
-            self._previous, _last_run = _last_run, self
+        self._waits_for = self._overlapping()
+        if not self._waits_for:
+            self._begun.set()  # running from the start: nothing to wait for
+        self._comms = self.world.run_comms()  # here: in the order runs are made
+        self._pool = cluster.take_pool()
         self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
         self._thread.start()
 
+    def _overlapping(self) -> list[Run]:
+        """The runs still going that this one must wait for (and count this one in)."""
+        self.footprint = footprint(self.graph)
+        with _flight_lock:
+            earlier = [r for r in _in_flight if must_wait(r.footprint, self.footprint)]
+            _in_flight.append(self)
+        return earlier
+
     def _main(self) -> None:
-        previous, self._previous = self._previous, None
-        if previous is not None:
-            previous.join()  # one run at a time: their communicators are made in order
+        for earlier in self._waits_for:
+            earlier.join()  # it writes what this run uses (or the other way round)
+        self._waits_for = []
         self._begun.set()
         try:
             self._execute()
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait()
             self._error = exc
         finally:
+            self._comms.close(retire=self._error is not None)
+            self.cluster.give_pool(self._pool)
+            with _flight_lock:
+                _in_flight.remove(self)
             self._started.set()
             self._finished.set()
 
     def _execute(self) -> None:
-        from threadpoolctl import threadpool_limits
-
+        self._comms.ready()
         self.compile_seconds = compile_kernels(self.graph)
         # (scipy's BLAS is loaded already, by JobCluster: the limit covers only the
         # libraries loaded when it is set)
-        with threadpool_limits(limits=self.blas_threads, user_api="blas"), gc_frozen():
-            net = self.world.network()
+        with blas_limit(self.blas_threads), gc_frozen():
+            net = self._comms.network()
             try:
                 check_same_graph(self.graph, net)
                 check_tiles(self.graph, net)  # a replaced tile fails here, named
@@ -273,7 +332,7 @@ class Run(RunHandle):
             items[d] = item
         homes = self.rank_plan.homes
         share_data(
-            self.world, [(item, homes[d]) for d, item in items.items()], repr(self.graph.name)
+            self._comms, [(item, homes[d]) for d, item in items.items()], repr(self.graph.name)
         )
         self.data_values = {d: item.value for d, item in items.items()}
 
@@ -284,7 +343,7 @@ class Run(RunHandle):
             self.rank_plan,
             net,
             self.workers,
-            self.cluster.pool,
+            self._pool,
             self.tracing,
             compile_seconds=self.compile_seconds,  # (traced apart from the run's time)
             **extra,
@@ -300,7 +359,8 @@ class Run(RunHandle):
         return self._finished.is_set()
 
     def state(self) -> str:
-        """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``."""
+        """``"queued"`` (waiting for an earlier run it overlaps: see the class doc),
+        ``"running"``, ``"done"`` or ``"failed"``."""
         if self._finished.is_set():
             return "failed" if self._error is not None else "done"
         return "running" if self._begun.is_set() else "queued"
@@ -477,6 +537,7 @@ class IdleRun(RunHandle):
         return f"<Run {self.graph.name!r} on {self.cluster.size} ranks, not this one>"
 
 
-def last_run() -> Run | None:
-    """The latest run made in this process (the one a new run would wait for)."""
-    return _last_run
+def runs_in_flight() -> list[Run]:
+    """The runs of this process that have not ended, in the order they were made."""
+    with _flight_lock:
+        return list(_in_flight)

@@ -3,7 +3,12 @@
 :class:`World` is the set of ranks this process belongs to: ``COMM_WORLD`` under an
 MPI launcher, or a single rank with no MPI at all (mpi4py is then never imported).
 Each run gets a :class:`Network` of its own, on a duplicated communicator, so that a
-failed or cancelled run can never leave a message that a later run matches.
+failed or cancelled run can never leave a message that a later run matches, and runs
+in flight at once never see each other's messages. Its communicators
+(:class:`RunComms`) are posted (``Idup``) in the thread that makes the run, where every
+rank makes runs in the same order; two run threads that duplicated concurrently would
+pair up their ranks' duplicates in different orders (MPI matches collectives on one
+communicator by the order they are started).
 
 Transfers are non-blocking and buffer-based::
 
@@ -123,14 +128,15 @@ _RETIRED: list = []
 
 
 class MPINetwork(Network):
-    """A run's network over a duplicate of the world communicator."""
+    """A run's network over a duplicate of the world communicator (``dup``), or over
+    ``comm`` itself, a communicator made for this run alone (:class:`RunComms`)."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, dup: bool = True):
         super().__init__()
         from mpi4py import MPI
 
         self.MPI = MPI
-        self.comm = comm.Dup()
+        self.comm = comm.Dup() if dup else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.tag_ub = self.comm.Get_attr(MPI.TAG_UB)
@@ -341,6 +347,11 @@ class World:
     def network(self) -> Network:
         return MPINetwork(self.comm) if self.comm is not None else Network()
 
+    def run_comms(self) -> RunComms:
+        """Post a new run's communicators now (see :class:`RunComms`). Collective:
+        every rank calls it once per run, in the order the runs are made."""
+        return RunComms(self)
+
     def barrier(self, poll_max: float = 1e-3) -> None:
         """A barrier that sleeps while it waits (MPI_Barrier would spin on a core)."""
         if self.comm is not None:
@@ -381,6 +392,51 @@ class World:
                     buf = scratch[shape] = np.empty(shape, matrix.dtype, order="F")
                 comm.Recv(wire(buf), owner, tag)
                 matrix.block(out, i, j)[...] = buf
+
+
+class RunComms:
+    """One run's own communicators, duplicated from ``world.comm`` without blocking
+    (``Idup``) by the thread that makes the run, in the order runs are made (the same on
+    every rank); the run's thread waits for them (:meth:`ready`), sleeping.
+
+    ``net``: the run's messages (:meth:`network`); ``values``: what the ranks share when
+    it ends (:func:`taskgraph.cluster.jobrun.share_data`), apart from any other run's
+    collectives. Both None without MPI.
+    """
+
+    def __init__(self, world: World):
+        self.size, self.rank = world.size, world.rank
+        self.net: Any = None
+        self.values: Any = None
+        self._requests: list = []
+        if world.comm is not None:
+            self.net, first = world.comm.Idup()
+            self.values, second = world.comm.Idup()
+            self._requests = [first, second]
+
+    def ready(self) -> None:
+        """Wait (sleeping) until every rank has posted this run's communicators."""
+        for request in self._requests:
+            wait_sleeping(request)
+        self._requests = []
+
+    def network(self) -> Network:
+        """The run's network, on ``net``, which it then closes (call :meth:`ready` first)."""
+        comm, self.net = self.net, None
+        return MPINetwork(comm, dup=False) if comm is not None else Network()
+
+    def close(self, retire: bool = False) -> None:
+        """Free ``values``, and ``net`` if no network took it (``retire``: keep them for
+        good instead: a failed run, see ``_RETIRED``)."""
+        self.ready()  # (a communicator is freed only once it exists)
+        for comm in (self.values, self.net):
+            if comm is None:
+                continue
+            if retire:
+                _RETIRED.append(comm)
+            else:
+                comm.Free()
+        self.values = self.net = None
 
 
 def wire(arr: np.ndarray) -> np.ndarray:

@@ -1,0 +1,50 @@
+"""Which runs may be in flight at once: a pure decision on two graphs' data.
+
+Runs of one cluster run at once, each on its own communicators, unless they share data
+that one of them writes: a later run that reads or writes a matrix or a plain datum an
+earlier run still going writes (or writes what that run reads) waits for it, queued,
+so that it sees the earlier run's final values, as it would one run after the other::
+
+    run(g1: writes A)    ─► running ────────────► done
+    run(g2: reads B)     ─► running ──► done                 (nothing shared: at once)
+    run(g3: reads A)     ─► queued ··············► running ──► done
+
+Whole matrices count, not tiles; a task's value is its run's own and never counts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..dsl.graph import Graph
+
+
+class Footprint(NamedTuple):
+    """The shared data a graph touches: ``("matrix", uid)`` and plain data's keys."""
+
+    touched: frozenset
+    written: frozenset
+
+
+def _key(datum):
+    if datum.tile is not None:
+        return ("matrix", datum.tile.matrix.uid)
+    if datum.item is not None:
+        return datum.item.key
+    return None  # a task's value: this run's alone
+
+
+def footprint(graph: Graph) -> Footprint:
+    """What ``graph`` touches and writes of the data that outlive a run."""
+    touched = {_key(d) for d in graph.data}
+    written = {_key(graph.data[d]) for t in graph.tasks for d, _ in t.writes}
+    return Footprint(frozenset(touched - {None}), frozenset(written - {None}))
+
+
+def must_wait(earlier: Footprint, later: Footprint) -> bool:
+    """Whether a run of ``later`` must wait for a run of ``earlier`` still going: one
+    writes what the other touches."""
+    return bool(earlier.written & later.touched or later.written & earlier.touched)
+
+
+__all__ = ["Footprint", "footprint", "must_wait"]
