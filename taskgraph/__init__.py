@@ -29,6 +29,7 @@ from .dsl.kernel import Kernel, kernel
 from .dsl.tasks import Future, TaskRef
 from .dsl.tiled import Tile, TiledMatrix, TiledVector
 from .plan.planner import Plan, RankPlan, make_plan
+from .run.dynamic import SpawnedTaskError, SpawnFuture, spawn, wait
 from .trace.events import Trace, TraceError
 
 __version__ = "0.1.0"
@@ -50,6 +51,8 @@ __all__ = [
     "RemoteTraceback",
     "Run",
     "RunError",
+    "SpawnFuture",
+    "SpawnedTaskError",
     "TaskError",
     "TaskRef",
     "TaskgraphError",
@@ -64,7 +67,9 @@ __all__ = [
     "make_plan",
     "r",
     "rw",
+    "spawn",
     "task",
     "teach",
     "w",
+    "wait",
 ]

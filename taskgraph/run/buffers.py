@@ -86,6 +86,8 @@ class Stats:
         self.spins = 0
         self.peak_sends = 0  # most sends in flight at once
         self.direct = 0  # tasks run the moment their message landed (taskgraph.run.direct)
+        self.spawned = 0  # calls spawned by tasks here (taskgraph.run.dynamic)
+        self.steals = 0  # spawned calls this rank took from another
         self.seconds = 0.0
 
     def as_dict(self) -> dict:

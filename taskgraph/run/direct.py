@@ -137,9 +137,15 @@ class DirectPath:
             try:
                 if ran:
                     value = staged.fn(*staged.args)
+                    if self._frames[index]:  # it spawned calls: join them, token free
+                        if held:
+                            token.release()
+                            held = False
+                        self.join_root(index)
                     if t in self._pickle_here:
                         self.pickled[t] = commlib.dumps(value)
             except BaseException as e:  # noqa: BLE001 - reported to every rank
+                self._frames[index].clear()
                 exc = e
             end = now()
             sent = False

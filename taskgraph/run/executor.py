@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
@@ -44,6 +45,7 @@ from ..trace.events import TASK_FAILED, Recorder
 from . import comm as commlib
 from .buffers import BufferPool, Stats, gc_frozen
 from .direct import DirectPath, direct_task
+from .dynamic import SpawnRunner
 from .outcome import Failure, OutcomeProtocol
 from .schedstate import DONE, FAILED, READY, RUNNING, WAITING, SchedState, State
 from .transfers import Transfers, _take
@@ -104,7 +106,7 @@ def interrupt_thread(thread: threading.Thread) -> bool:
     return n == 1
 
 
-class Executor(WorkerLoop, DirectPath, OutcomeProtocol):
+class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
     """Runs one rank's share of a plan.
 
     Guarded by ``lock`` (a Condition): ``sched`` (the scheduling state), ``stopping``,
@@ -114,8 +116,9 @@ class Executor(WorkerLoop, DirectPath, OutcomeProtocol):
     ``current``/``started`` (each worker's task and its start; written by their worker
     also without the lock, read by others as a hint), ``_abandoned`` and ``_stuck``,
     ``mean_task`` and ``direct_mean`` (running averages of task times),
-    ``_keeps_value``. Guarded by the network token (``transfers.token``):
-    ``transfers``' queues (see :class:`~taskgraph.run.transfers.Transfers`).
+    ``_keeps_value``, and the spawned calls' fields (see
+    :class:`~taskgraph.run.dynamic.SpawnRunner`). Guarded by the network token
+    (``transfers.token``): ``transfers``' queues (see :class:`~taskgraph.run.transfers.Transfers`).
     ``pickled`` is written by the thread that ran the task, before its sends are
     posted. ``_cancel`` is written without a lock (see :meth:`cancel`). ``results``:
     set when :meth:`run` ends (values made here and every sink's)."""
@@ -156,7 +159,14 @@ class Executor(WorkerLoop, DirectPath, OutcomeProtocol):
         self.trace.compile_seconds = compile_seconds
         fns = {graph.tasks[t].fn for t in plan.tasks}
         self.tuning = Tuning.from_config(fns, self.nworkers)
-        self.lock = threading.Condition(threading.Lock())
+        base = threading.Lock()
+        self.lock = threading.Condition(base)
+        # threads waiting for a spawned call wait apart: a static task's notify is
+        # for an idle worker
+        self.spawn_cv = threading.Condition(base)
+        self.spool: deque = deque()  # spawned calls not started yet (oldest first)
+        self.spawn_waiting = 0
+        self._frames: list[list] = [[] for _ in range(self.nworkers)]
         self.wake = threading.Event()  # workers -> progress thread
         self.pollers = 0
         self.waiting = 0
@@ -306,6 +316,7 @@ class Executor(WorkerLoop, DirectPath, OutcomeProtocol):
             with self.lock:
                 self.stopping = True
                 self.lock.notify_all()
+                self.drop_spawned()
             self._join_workers(threads)
         self.trace.wall = self.trace.now()
         self.transfers.record_receives()

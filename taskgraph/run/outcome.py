@@ -109,6 +109,7 @@ class OutcomeProtocol:
             self.exception = exc
         self.stopping = True
         self.lock.notify_all()
+        self.drop_spawned()
         self.wake.set()
 
     def remote_abort(self: Any, info: dict) -> None:
@@ -118,6 +119,7 @@ class OutcomeProtocol:
                 self.failure = Failure.from_wire(info, origin=False)
             self.stopping = True
             self.lock.notify_all()
+            self.drop_spawned()
 
     def _cancel_late(self: Any) -> Failure:
         """A cancel came after this rank's tasks ended, while it waits for the others:

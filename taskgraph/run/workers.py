@@ -23,6 +23,7 @@ import numpy as np
 from ..dsl.tasks import Ref
 from ..trace.events import TASK_DONE, TASK_FAILED
 from . import comm as commlib
+from . import dynamic
 from .direct import Staged
 from .schedstate import DONE
 
@@ -46,10 +47,16 @@ class WorkerLoop:
         now = self.trace.clock
         waits = self.trace.waits  # (trace.waited, inline: it is on a message's path)
         multi = self.net.size > 1
+        spool = self.spool
+        dynamic.enter_worker(self, index, self._frames[index])
         lock.acquire()
         try:
             while True:
                 if not ready and not self.stopping:
+                    if spool:  # spawned work, only when no static task is ready
+                        if not self.run_spawned_idle(index):
+                            return
+                        continue
                     # waiting on the network if a task here still needs a message
                     on_network = tr.recvs_left > 0
                     t_idle = now()
@@ -60,11 +67,13 @@ class WorkerLoop:
                             return
                     else:
                         self.wake.set()  # the progress thread should poll sooner
-                    while not ready and not self.stopping:
+                    while not ready and not self.stopping and not spool:
                         self.waiting += 1
                         lock.wait()
                         self.waiting -= 1
                     waits[index][0 if on_network else 1] += now() - t_idle
+                    if not ready and not self.stopping:
+                        continue  # woken for spawned work
                 if self.stopping:
                     return
                 if self._running and self.mean_task < self.tuning.short_task:
@@ -81,6 +90,7 @@ class WorkerLoop:
                     return
         finally:
             lock.release()
+            dynamic.leave_worker()
 
     def _run_task(self: Any, index: int, t: int, start: float) -> bool:
         """Run task t popped by worker ``index`` (lock not held on entry, held on
@@ -88,9 +98,12 @@ class WorkerLoop:
         lock, tr = self.lock, self.transfers
         try:
             value = self._call(t)
+            if self._frames[index]:  # it spawned calls: they end before it does
+                self.join_root(index)
             if t in self._pickle_here:  # a value another rank (or every one) reads
                 self.pickled[t] = commlib.dumps(value)
         except BaseException as exc:  # noqa: BLE001 - reported to every rank
+            self._frames[index].clear()
             lock.acquire()
             if index in self._abandoned:
                 return False  # the run ended without this task: touch nothing
@@ -276,7 +289,7 @@ class WorkerLoop:
         tight, and the landing is inline: a large message moves as fast as the two
         ranks call MPI (benchmarks/abtest.py, 1 MiB)."""
         lock, tr, stats, tuning = self.lock, self.transfers, self.stats, self.tuning
-        ready, waits = self.sched.ready, self.sched.waits
+        ready, waits, spool = self.sched.ready, self.sched.waits, self.spool
         token, active = tr.token, tr.recvs_active
         spin, per_byte, poll_max = tuning.spin, tuning.spin_per_byte, tuning.poll_max
         clock = time.perf_counter
@@ -287,7 +300,7 @@ class WorkerLoop:
         sreq = stask = None  # staged.req and .task as locals: a NamedTuple field is a slow
         # attribute in the spin (benchmarks/abtest.py, 1 MiB)
         try:
-            while not ready and not self.stopping and tr.recvs_left > 0:
+            while not ready and not self.stopping and tr.recvs_left > 0 and not spool:
                 lock.release()
                 got = False
                 ran = None

@@ -1,0 +1,328 @@
+"""Spawned tasks: tasks that a running task starts, and waits for, within its run.
+
+Inside a running task, :func:`spawn` puts a call into the rank's pool of spawned work
+and returns a :class:`SpawnFuture` at once; :meth:`SpawnFuture.result` (or :func:`wait`)
+waits for it. The running task is found through a thread-local context that each
+worker thread of an :class:`~taskgraph.run.executor.Executor` sets when it starts::
+
+    static task (a frame, depth 0) ── spawn ──► pool (one deque per rank, under the lock)
+         │                                        newest ──► a waiting worker (helping)
+         └── result(): while the child is not      oldest ──► an idle worker (or a thief:
+             done, run pool work deeper than           the oldest is nearest the root)
+             this frame, on this stack; none:
+             wait on ``spawn_cv``
+
+- **Helping, bounded.** A waiting worker runs only work deeper than the task it waits
+  in, so the frames nested on one stack never outnumber the depth of the recursion,
+  and no thread is ever started. It never deadlocks: the deepest waiter of any chain
+  waits for a child that is either running or in the pool and deeper than itself.
+- **Idle workers** take the oldest spawned work, only when no static task is ready
+  (the worker loop looks at the pool just before it would sleep).
+- **Implicit join.** A task's children all end before it counts as done; a child's
+  exception that its parent never asked for (``result()``) fails the parent then.
+- **Errors.** ``result()`` of a failed child raises :class:`SpawnedTaskError` (a
+  :class:`~taskgraph.core.errors.TaskError` naming the child, its rank and its
+  traceback), caused by the child's own exception; the parent may catch it.
+
+Future states: ``PENDING`` (in the pool) -> ``RUNNING`` -> ``DONE`` or ``FAILED``.
+"""
+
+from __future__ import annotations
+
+import reprlib
+import textwrap
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..core.errors import RemoteTraceback, RunError, TaskError
+
+PENDING, RUNNING, DONE, FAILED = range(4)
+
+# per worker thread: (executor, worker index, the frames running on its stack)
+_tls = threading.local()
+
+_short = reprlib.Repr()
+_short.maxstring = 20
+_short.maxother = 20
+_short.maxlist = _short.maxtuple = 4
+
+
+class SpawnedTaskError(TaskError):
+    """A spawned task failed: raised by ``result()`` in the task that waits for it.
+
+    As :class:`~taskgraph.core.errors.TaskError` (``task``, ``rank``, ``size``,
+    ``host``, ``error``, ``traceback``); the message carries the traceback too, and
+    ``__cause__`` is the original exception (a RemoteTraceback if it came from
+    another rank)."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if not self.traceback:
+            return text
+        return f"{text}\n{textwrap.indent(self.traceback.rstrip(), '  | ')}"
+
+
+class Frame:
+    """A task running on a worker's stack that spawns: its ``name`` (label), its
+    ``depth`` (a static task is 0, a child one more than its parent) and the
+    ``children`` it spawned and has not joined yet."""
+
+    __slots__ = ("children", "depth", "name")
+
+    def __init__(self, name: str, depth: int):
+        self.name = name
+        self.depth = depth
+        self.children: list[SpawnFuture] = []
+
+
+class SpawnFuture(Frame):
+    """The future of a spawned call, made by :func:`spawn`.
+
+    Fields guarded by the executor's lock: ``state`` (PENDING, RUNNING, DONE, FAILED),
+    ``value``, ``exc`` (the exception, where it ran here), ``failure`` (the error as
+    (task, rank, size, host, error, traceback)), ``observed`` (its error was raised
+    to a waiter already)."""
+
+    __slots__ = ("args", "exc", "failure", "fn", "kwargs", "observed", "owner", "state", "value")
+
+    def __init__(self, owner: Any, fn: Callable, args: tuple, kwargs: dict, depth: int):
+        super().__init__("", depth)
+        self.owner = owner
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.state = PENDING
+        self.value: Any = None
+        self.exc: BaseException | None = None
+        self.failure: tuple | None = None
+        self.observed = False
+
+    def label(self) -> str:
+        """A readable name of the call: ``fib(19)``."""
+        if not self.name:
+            name = getattr(self.fn, "__name__", None) or repr(self.fn)
+            parts = [_short.repr(a) for a in self.args]
+            parts += [f"{k}={_short.repr(v)}" for k, v in self.kwargs.items()]
+            self.name = f"{name}({', '.join(parts)})"
+        return self.name
+
+    def done(self) -> bool:
+        """Whether the call has ended (well or not)."""
+        return self.state >= DONE
+
+    def result(self) -> Any:
+        """The call's value, once it ended. Inside a task, the worker runs other
+        spawned work meanwhile; raises :class:`SpawnedTaskError` if the call
+        raised, and RunError if the run stops first."""
+        if self.state < DONE:
+            self.owner.wait_for(self)
+        if self.state == FAILED:
+            self.observed = True
+            raise self.error()
+        return self.value
+
+    def error(self) -> SpawnedTaskError:
+        """The error to raise for a failed call, caused by its exception."""
+        assert self.failure is not None
+        err = SpawnedTaskError(*self.failure)
+        err.__cause__ = self.exc if self.exc is not None else RemoteTraceback(self.failure[5])
+        return err
+
+    def __repr__(self) -> str:
+        state = ("pending", "running", "done", "failed")[self.state]
+        return f"<spawned {self.label()} {state}>"
+
+
+def _context(what: str) -> tuple:
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None:
+        raise RuntimeError(
+            f"{what} works inside a running task only; outside one, build a graph "
+            "(with tg.Graph() as g: ...) and run it"
+        )
+    return ctx
+
+
+def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
+    """Start ``fn(*args, **kwargs)`` as a task of this run; its future, at once.
+
+    Call it inside a running task (a ``@tg.task`` function or a kernel). ``fn``: a
+    ``@tg.task`` function or any callable; ``args``, ``kwargs``: its arguments (plain
+    values: the call may run on another worker). Wait with ``fut.result()`` or
+    :func:`wait`; the calling task counts as done only once every call it spawned has
+    ended. RuntimeError outside a running task."""
+    ex, index, frames = _context("tg.spawn")
+    if not frames:  # the first spawn of the static task this worker runs
+        frames.append(Frame(ex.graph.label(ex.current[index]), 0))
+    return ex.push_spawned(frames[-1], getattr(fn, "fn", fn), args, kwargs)
+
+
+def wait(futures: Iterable[SpawnFuture]) -> list:
+    """The values of ``futures`` (spawned calls), in their order, once all have ended;
+    raises the first failed one's :class:`SpawnedTaskError`."""
+    futures = list(futures)
+    values = []
+    for f in futures:
+        values.append(f.result())
+    return values
+
+
+def enter_worker(ex: Any, index: int, frames: list) -> None:
+    """This thread is worker ``index`` of ``ex``; ``frames``: its frame stack."""
+    _tls.ctx = (ex, index, frames)
+
+
+def leave_worker() -> None:
+    """This thread no longer works for a run."""
+    _tls.ctx = None
+
+
+def take_deeper(pool: deque, depth: int) -> SpawnFuture | None:
+    """The newest spawned call in ``pool`` deeper than ``depth``, taken out (None if
+    none): what a worker waiting in a task of that depth may run on its stack."""
+    if not pool:
+        return None
+    if pool[-1].depth > depth:
+        return pool.pop()
+    for i in range(len(pool) - 2, -1, -1):
+        if pool[i].depth > depth:
+            item = pool[i]
+            del pool[i]
+            return item
+    return None
+
+
+class SpawnRunner:
+    """The executor's spawned-task methods (a mixin of
+    :class:`~taskgraph.run.executor.Executor`). Its fields, guarded by ``lock``:
+    ``spool`` (the deque of PENDING spawned calls), ``spawn_waiting`` (threads in
+    ``spawn_cv.wait``); ``spawn_cv`` shares ``lock``'s lock; ``_frames``: each
+    worker's frame stack (its own thread only)."""
+
+    def push_spawned(self: Any, parent: Frame, fn: Callable, args: tuple, kwargs: dict):
+        """A call spawned by ``parent`` (the frame running on this thread), into the
+        pool; its future."""
+        fut = SpawnFuture(self, fn, args, kwargs, parent.depth + 1)
+        parent.children.append(fut)
+        with self.lock:
+            if self.stopping:
+                raise RunError(f"run {self.graph.name!r} is stopping: {fut.label()} not spawned")
+            self.spool.append(fut)
+            self.stats.spawned += 1
+            if self.waiting:  # an idle worker (it takes the oldest)
+                self.lock.notify()
+            if self.spawn_waiting:
+                self.spawn_cv.notify_all()
+        return fut
+
+    def wait_for(self: Any, fut: SpawnFuture) -> None:
+        """Until ``fut`` ends: on a worker of this run, run spawned calls deeper than
+        the frame it waits in meanwhile; else only wait. RunError if the run stops."""
+        ctx = getattr(_tls, "ctx", None)
+        frames = ctx[2] if ctx is not None and ctx[0] is self else None
+        depth = frames[-1].depth if frames else 0
+        lock, pool = self.lock, self.spool
+        with lock:
+            while fut.state < DONE:
+                if self.stopping:
+                    raise RunError(
+                        f"run {self.graph.name!r} stopped on rank {self.net.rank}/"
+                        f"{self.net.size} while waiting for {fut.label()}"
+                    )
+                item = take_deeper(pool, depth) if frames is not None else None
+                if item is None:
+                    self.spawn_waiting += 1
+                    self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
+                    self.spawn_waiting -= 1
+                    continue
+                item.state = RUNNING
+                lock.release()
+                try:
+                    self.run_spawned(item, frames)
+                finally:
+                    lock.acquire()
+
+    def run_spawned(self: Any, item: SpawnFuture, frames: list) -> None:
+        """Run the spawned call ``item`` (taken, RUNNING) on this thread, join its
+        children, and complete its future. Lock not held. An exception is kept in the
+        future; one that is not an Exception (an interrupt) is raised again."""
+        frames.append(item)
+        value: Any = None
+        exc: BaseException | None = None
+        try:
+            value = item.fn(*item.args, **item.kwargs)
+        except BaseException as e:  # noqa: BLE001 - kept for the waiter
+            exc = e
+        try:
+            self.join(item)
+        except BaseException as e:  # noqa: BLE001 - kept for the waiter
+            if exc is None:
+                value, exc = None, e
+        finally:
+            frames.pop()
+        self.complete(item, value, exc)
+        if exc is not None and not isinstance(exc, Exception):
+            raise exc
+
+    def join(self: Any, frame: Frame) -> None:
+        """Wait for every child of ``frame`` to end; raise the error of the first
+        failed one its parent never asked for."""
+        children = frame.children
+        for c in children:
+            if c.state < DONE:
+                self.wait_for(c)
+        frame.children = []
+        for c in children:
+            if c.state == FAILED and not c.observed:
+                c.observed = True
+                raise c.error()
+
+    def join_root(self: Any, index: int) -> None:
+        """The static task worker ``index`` ran spawned calls: join them."""
+        frames = self._frames[index]
+        try:
+            self.join(frames[0])
+        finally:
+            frames.clear()
+
+    def complete(self: Any, item: SpawnFuture, value: Any, exc: BaseException | None) -> None:
+        """Record how the call ``item`` ended and wake its waiters. Lock not held."""
+        failure = None
+        if exc is not None:
+            net = self.net
+            text = "".join(traceback.format_exception(exc))
+            error = f"{type(exc).__name__}: {exc}"
+            failure = (item.label(), net.rank, net.size, net.host, error, text)
+        with self.lock:
+            if exc is None:
+                item.value = value
+                item.state = DONE
+            else:
+                item.exc, item.failure = exc, failure
+                item.state = FAILED
+            if self.spawn_waiting:
+                self.spawn_cv.notify_all()
+
+    def run_spawned_idle(self: Any, index: int) -> bool:
+        """An idle worker runs the oldest spawned call (nearest the root: the most
+        work). Lock held on entry and exit; False if the worker should stop."""
+        item = self.spool.popleft()
+        item.state = RUNNING
+        self.lock.release()
+        try:
+            self.run_spawned(item, self._frames[index])
+        except BaseException as exc:  # noqa: BLE001 - an interrupt: the worker stops
+            self.lock.acquire()
+            if index not in self._abandoned:
+                self._fail(None, exc)
+            return False
+        self.lock.acquire()
+        return True
+
+    def drop_spawned(self: Any) -> None:
+        """The run stops: wake every thread waiting in a spawned call. Lock held."""
+        self.spool.clear()
+        self.spawn_cv.notify_all()

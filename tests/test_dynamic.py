@@ -1,0 +1,285 @@
+"""Spawned tasks (taskgraph.run.dynamic): recursion, helping, errors, the implicit join,
+in process (1 rank, 1 and 2 workers) and on 2 real MPI ranks."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import threading
+import time
+
+import pytest
+
+import taskgraph as tg
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def serial_fib(n: int) -> int:
+    return n if n < 2 else serial_fib(n - 1) + serial_fib(n - 2)
+
+
+@tg.task
+def fib(n: int, cutoff: int = 8) -> int:
+    if n < cutoff:
+        return serial_fib(n)
+    a = tg.spawn(fib, n - 1, cutoff)
+    b = fib(n - 2, cutoff)  # (outside a graph a task call runs inline)
+    return a.result() + b
+
+
+def serial_queens(n: int, row: int, cols: int, d1: int, d2: int) -> int:
+    if row == n:
+        return 1
+    count = 0
+    free = ~(cols | d1 | d2) & ((1 << n) - 1)
+    while free:
+        bit = free & -free
+        free ^= bit
+        count += serial_queens(n, row + 1, cols | bit, (d1 | bit) << 1, (d2 | bit) >> 1)
+    return count
+
+
+@tg.task
+def queens(n: int, row: int = 0, cols: int = 0, d1: int = 0, d2: int = 0, cutoff: int = 4):
+    """Solutions of N-Queens below this partial board, by one spawn per free column."""
+    if n - row <= cutoff:
+        return serial_queens(n, row, cols, d1, d2)
+    futures = []
+    free = ~(cols | d1 | d2) & ((1 << n) - 1)
+    while free:
+        bit = free & -free
+        free ^= bit
+        args = (n, row + 1, cols | bit, (d1 | bit) << 1, (d2 | bit) >> 1, cutoff)
+        futures.append(tg.spawn(queens, *args))
+    return sum(tg.wait(futures))
+
+
+@tg.task
+def chain(depth: int) -> int:
+    """A recursion ``depth`` spawns deep, each level waiting for the next."""
+    if depth == 0:
+        return 0
+    return tg.spawn(chain, depth - 1).result() + 1
+
+
+def fail_at_bottom(x: int) -> int:
+    raise ValueError(f"bad leaf {x}")
+
+
+def middle(x: int) -> int:
+    return tg.spawn(fail_at_bottom, x).result()  # not caught here
+
+
+@tg.task
+def grandparent(x: int) -> str:
+    try:
+        tg.spawn(middle, x).result()
+    except tg.TaskError as exc:
+        return f"caught: {exc}"
+    return "not raised"
+
+
+@tg.task
+def forgets_child(x: int) -> int:
+    tg.spawn(fail_at_bottom, x)  # never asked for: the implicit join raises it
+    return x
+
+
+@tg.task
+def asks_child(x: int) -> int:
+    return tg.spawn(fail_at_bottom, x).result()
+
+
+def run_in_process(g, workers: int):
+    return tg.current_cluster().run(g, workers=workers).wait()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fib_with_a_cutoff_is_exact(workers):
+    with tg.Graph("fib") as g:
+        f = fib(20)
+    run = run_in_process(g, workers)
+    assert f.result() == serial_fib(20) == 6765
+    assert run.stats.spawned > 100
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_n_queens_8_by_recursive_spawn(workers):
+    with tg.Graph("queens") as g:
+        q = queens(8)
+    run = run_in_process(g, workers)
+    assert q.result() == 92
+    assert run.stats.spawned > 8
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_recursion_35_deep_completes(workers):
+    with tg.Graph("chain") as g:
+        c = chain(35)
+    run = run_in_process(g, workers)
+    assert c.result() == 35
+    assert run.stats.spawned == 35
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_grandchild_exception_is_caught_by_its_grandparent(workers):
+    with tg.Graph("catch") as g:
+        c = grandparent(7)
+    run_in_process(g, workers)
+    text = c.result()
+    assert text.startswith("caught: task middle(7) on rank 0/1"), text
+    # the chain names the grandchild, with its traceback, and keeps the causes
+    assert "fail_at_bottom(7)" in text and "ValueError: bad leaf 7" in text, text
+    assert "Traceback" in text and "in fail_at_bottom" in text, text
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("parent", [forgets_child, asks_child])
+def test_an_uncaught_child_exception_fails_the_run_naming_the_child(parent, workers):
+    with tg.Graph("uncaught") as g:
+        parent(3)
+    with pytest.raises(tg.TaskError, match=rf"{parent.name}#0\(3\) on rank 0/1") as info:
+        run_in_process(g, workers)
+    assert "task fail_at_bottom(3) on rank 0/1" in str(info.value)
+    assert "ValueError: bad leaf 3" in str(info.value)
+
+
+def test_the_result_carries_the_original_exception_as_cause():
+    seen: list[BaseException] = []
+
+    @tg.task
+    def keeps(x):
+        try:
+            tg.spawn(fail_at_bottom, x).result()
+        except tg.SpawnedTaskError as exc:
+            seen.append(exc)
+        return x
+
+    with tg.Graph("cause") as g:
+        keeps(1)
+    run_in_process(g, 1)
+    (err,) = seen
+    assert isinstance(err.__cause__, ValueError)
+    assert err.task == "fail_at_bottom(1)" and err.rank == 0
+
+
+def test_children_end_before_their_parent_counts_as_done():
+    ended: list[str] = []
+
+    def slow_child(i):
+        time.sleep(0.05)
+        ended.append(f"child {i}")
+
+    @tg.task
+    def parent():
+        for i in range(3):
+            tg.spawn(slow_child, i)  # never waited for explicitly
+
+    @tg.task
+    def after(_):
+        ended.append("after")
+
+    with tg.Graph("join") as g:
+        after(parent())
+    run_in_process(g, 2)
+    assert sorted(ended[:3]) == ["child 0", "child 1", "child 2"] and ended[3] == "after"
+
+
+def test_spawn_outside_a_running_task_says_to_build_a_graph():
+    with pytest.raises(RuntimeError, match=r"tg.spawn works inside a running task only"):
+        tg.spawn(serial_fib, 3)
+
+
+def test_wait_outside_a_worker_returns_values_of_ended_calls():
+    kept: list = []
+
+    @tg.task
+    def leaks():
+        kept.extend(tg.spawn(serial_fib, n) for n in range(5))
+
+    with tg.Graph("leak") as g:
+        leaks()
+    run_in_process(g, 1)
+    assert tg.wait(kept) == [0, 1, 1, 2, 3]
+
+
+def test_a_failing_static_task_ends_waiters_of_spawned_calls_on_other_workers():
+    """A worker waiting for a slow child, while the run fails elsewhere, stops."""
+    started = threading.Event()
+
+    def forever():
+        started.set()
+        while True:
+            time.sleep(0.01)
+
+    @tg.task
+    def waits():
+        tg.spawn(forever).result()
+
+    @tg.task
+    def breaks():
+        started.wait(5)
+        raise KeyError("broken")
+
+    with tg.Graph("stop") as g:
+        waits()
+        breaks()
+    t0 = time.monotonic()
+    with pytest.raises(tg.TaskError, match="KeyError"):
+        tg.current_cluster().run(g, workers=3).wait()
+    assert time.monotonic() - t0 < 20
+
+
+JOB = """
+import sys
+import taskgraph as tg
+sys.path.insert(0, {tests!r})
+from test_dynamic import fib, queens, chain, grandparent, asks_child, serial_fib
+
+def say(*words):
+    line = " ".join(str(w) for w in (f"rank {{tg.current_cluster().rank}}:", *words))
+    sys.stdout.write(line + chr(10))
+    sys.stdout.flush()
+
+c = tg.Cluster()
+for workers in (1, 2):
+    with tg.Graph("dyn") as g:
+        fs = [fib(n) for n in (17, 18, 19, 20)]
+        q = queens(8)
+        d = chain(35)
+        gp = grandparent(5)
+    run = c.run(g, workers=workers).wait()
+    say("values", workers, [f.result() for f in fs], q.result(), d.result())
+    say("caught", workers, gp.result().splitlines()[0])
+    say("spawned", workers, run.stats.spawned, run.stats.steals)
+with tg.Graph("fails") as g:
+    asks_child(4)
+try:
+    c.run(g).wait()
+except tg.TaskError as exc:
+    say("failed", str(exc).splitlines()[0], "|", "fail_at_bottom(4)" in str(exc))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_spawned_work_on_two_ranks_stays_on_its_rank(mpirun, tmp_path):
+    from pathlib import Path
+
+    script = tmp_path / "dyn.py"
+    script.write_text(textwrap.dedent(JOB.format(tests=str(Path(__file__).parent))))
+    proc = mpirun(2, [str(script)], timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    fibs = [serial_fib(n) for n in (17, 18, 19, 20)]
+    for rank in (0, 1):
+        for workers in (1, 2):
+            assert f"rank {rank}: values {workers} {fibs} 92 35" in out, out
+            caught = re.search(rf"rank {rank}: caught {workers} (.*)", out)
+            assert caught and "caught: task middle(5) on rank" in caught.group(1), out
+            spawned = re.search(rf"rank {rank}: spawned {workers} (\d+) (\d+)", out)
+            assert spawned and int(spawned.group(1)) > 0 and spawned.group(2) == "0", out
+        failed = re.search(rf"rank {rank}: failed (.*) \| (\w+)", out)
+        assert failed and "asks_child#0(4) on rank" in failed.group(1), out
+        assert failed.group(2) == "True", out
