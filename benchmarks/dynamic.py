@@ -50,6 +50,7 @@ UNAVAILABLE = "unavailable (tg.spawn not yet in this tree)"
 TARGETS = {"fib": 1.8, "queens": 1.8, "uts": 1.7}  # speedup over serial on 2 ranks
 LOADED_TARGET = 1.3  # loaded UTS time over unloaded, at most
 IDLE_CPU_TARGET = 0.05  # of a core
+CPU_TICK = 1 / os.sysconf("SC_CLK_TCK")  # the resolution of a process's CPU seconds
 
 
 @dataclass(frozen=True)
@@ -345,11 +346,15 @@ def base_row(p: Program, serial_s: float, pool_s: float, value: int) -> dict:
     }
 
 
-def taskgraph_row(base: dict, p: Program, ranks: int, timeout: float) -> dict:
-    """The taskgraph version of ``p`` on ``ranks`` ranks, rated against ``base``."""
+def tg_job(p: Program, ranks: int, timeout: float) -> dict:
+    """The taskgraph version of ``p`` in a job of ``ranks`` ranks: rank 0's figures."""
+    return job(ranks, ["--child", json.dumps(asdict(p)), "--repeat", str(REPEAT)], timeout)
+
+
+def rate(base: dict, ranks: int, got: dict) -> dict:
+    """The row of one job's figures ``got`` on ``ranks`` ranks, against ``base``."""
     row = base | {"ranks": ranks, "workers_per_rank": 1}
     row["oversubscribed"] = common.oversubscribed(ranks)
-    got = job(ranks, ["--child", json.dumps(asdict(p)), "--repeat", str(REPEAT)], timeout)
     if "error" in got:
         return row | {"taskgraph": got["error"]}
     seconds = got["seconds"]
@@ -359,19 +364,30 @@ def taskgraph_row(base: dict, p: Program, ranks: int, timeout: float) -> dict:
     row["taskgraph_value"] = got["value"]
     row["value_ok"] = got["value"] == base["value"]
     row["cpu_fraction_by_rank"] = got["cpu_fraction_by_rank"]
+    row["cpu_tick_seconds"] = CPU_TICK
     return row
 
 
-def measure_program(p: Program, pool: ProcessPoolExecutor, spawn: bool, timeout: float):
-    """Serial, pool and (with spawn) taskgraph at every rank count: the rows."""
+def baselines(p: Program, pool: ProcessPoolExecutor) -> tuple[float, float, int]:
+    """Serial and pool seconds of ``p`` (best of REPEAT each) and the value."""
     serial_s, value = best_seconds(lambda: serial(p))
     pool_s, pool_value = pool_seconds(p, pool)
     if pool_value != value:
         raise RuntimeError(f"{p}: the process pool counted {pool_value}, serial {value}")
-    base = base_row(p, serial_s, pool_s, int(value))
+    return serial_s, pool_s, int(value)
+
+
+def measure_program(p: Program, pool: ProcessPoolExecutor, spawn: bool, timeout: float):
+    """Serial, pool and (with spawn) taskgraph at every rank count: the rows. The
+    baselines are measured before and after the jobs, best of both (a shared machine's
+    load comes and goes)."""
+    before = baselines(p, pool)
     if not spawn:
-        return [common.emit(base | {"taskgraph": UNAVAILABLE})]
-    return [common.emit(taskgraph_row(base, p, r, timeout)) for r in RANKS]
+        return [common.emit(base_row(p, *before) | {"taskgraph": UNAVAILABLE})]
+    got = {r: tg_job(p, r, timeout) for r in RANKS}
+    after = baselines(p, pool)
+    base = base_row(p, min(before[0], after[0]), min(before[1], after[1]), before[2])
+    return [common.emit(rate(base, r, got[r])) for r in RANKS]
 
 
 def loaded(p: Program, rows: list[dict], pool: ProcessPoolExecutor, spawn: bool, timeout: float):
@@ -380,7 +396,7 @@ def loaded(p: Program, rows: list[dict], pool: ProcessPoolExecutor, spawn: bool,
     row = {"benchmark": "dynamic_loaded", "program": p.name, "ranks": 2, "busy_loop_cpu": 0}
     with BusyLoop(0):
         pool_s, _ = pool_seconds(p, pool)
-        got = taskgraph_row(unloaded, p, 2, timeout) if spawn else {"taskgraph": UNAVAILABLE}
+        got = rate(unloaded, 2, tg_job(p, 2, timeout)) if spawn else {"taskgraph": UNAVAILABLE}
     row["pool_seconds"] = round(pool_s, 4)
     row["pool_vs_unloaded"] = round(pool_s / unloaded["pool_seconds"], 3)
     if "seconds" in got and "seconds" in unloaded:
@@ -408,6 +424,7 @@ def idle_cpu(quick: bool, timeout: float) -> dict:
     row["seconds"] = round(got["seconds"], 4)
     row["idle_rank_cpu_fraction"] = fractions[idle]
     row["idle_rank_wall_fraction"] = round(walls[idle] / max(walls), 3)
+    row["cpu_tick_seconds"] = CPU_TICK
     return common.emit(row)
 
 

@@ -98,6 +98,21 @@ def test_the_process_pool_baseline_counts_what_serial_counts():
         assert isinstance(pool, ProcessPoolExecutor)
         for p in small:
             assert dynamic.pool_seconds(p, pool)[1] == dynamic.serial(p)
+        # without tg.spawn the baselines still come, and the taskgraph figure says why not
+        (row,) = dynamic.measure_program(small[0], pool, spawn=False, timeout=60)
+        assert row["taskgraph"] == dynamic.UNAVAILABLE and row["value"] == 17711
+        assert row["pool_chunks"] == len(leaves.fib_split(22, 15))
+
+
+def test_a_failed_job_gives_a_row_that_says_so_and_no_ratio():
+    base = {"benchmark": "dynamic", "serial_seconds": 1.0, "pool_seconds": 0.6, "value": 5}
+    row = dynamic.rate(base, 3, {"error": "job of 3 ranks failed (1): boom"})
+    assert row["taskgraph"].endswith("boom") and row["ranks"] == 3
+    assert "speedup_vs_serial" not in row and "vs_pool" not in row
+    ok = dynamic.rate(
+        base, 2, {"seconds": 0.5, "seconds_all": [0.5], "value": 5, "cpu_fraction_by_rank": [1, 1]}
+    )
+    assert ok["speedup_vs_serial"] == 2.0 and ok["vs_pool"] == 1.2 and ok["value_ok"]
 
 
 @pytest.mark.timeout(30)
