@@ -84,9 +84,21 @@ class SpawnFuture(Frame):
     Fields guarded by the executor's lock: ``state`` (PENDING, RUNNING, DONE, FAILED),
     ``value``, ``exc`` (the exception, where it ran here), ``failure`` (the error as
     (task, rank, size, host, error, traceback)), ``observed`` (its error was raised
-    to a waiter already)."""
+    to a waiter already); ``pinned`` and ``remote``: see taskgraph.run.steal."""
 
-    __slots__ = ("args", "exc", "failure", "fn", "kwargs", "observed", "owner", "state", "value")
+    __slots__ = (
+        "args",
+        "exc",
+        "failure",
+        "fn",
+        "kwargs",
+        "observed",
+        "owner",
+        "pinned",
+        "remote",
+        "state",
+        "value",
+    )
 
     def __init__(self, owner: Any, fn: Callable, args: tuple, kwargs: dict, depth: int):
         super().__init__("", depth)
@@ -99,6 +111,8 @@ class SpawnFuture(Frame):
         self.exc: BaseException | None = None
         self.failure: tuple | None = None
         self.observed = False
+        self.pinned = False  # it cannot be pickled: never stolen
+        self.remote: tuple[int, int] | None = None  # stolen from (rank, key): result goes there
 
     def label(self) -> str:
         """A readable name of the call: ``fib(19)``."""
@@ -199,8 +213,9 @@ class SpawnRunner:
     """The executor's spawned-task methods (a mixin of
     :class:`~taskgraph.run.executor.Executor`). Its fields, guarded by ``lock``:
     ``spool`` (the deque of PENDING spawned calls), ``spawn_waiting`` (threads in
-    ``spawn_cv.wait``); ``spawn_cv`` shares ``lock``'s lock; ``_frames``: each
-    worker's frame stack (its own thread only)."""
+    ``spawn_cv.wait``), ``wait_depths`` (the depths they wait in); ``spawn_cv``
+    shares ``lock``'s lock; ``_frames``: each worker's frame stack (its own thread
+    only)."""
 
     def push_spawned(self: Any, parent: Frame, fn: Callable, args: tuple, kwargs: dict):
         """A call spawned by ``parent`` (the frame running on this thread), into the
@@ -235,7 +250,9 @@ class SpawnRunner:
                 item = take_deeper(pool, depth) if frames is not None else None
                 if item is None:
                     self.spawn_waiting += 1
+                    self.wait_depths.append(depth)  # (what a thief here may take)
                     self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
+                    self.wait_depths.remove(depth)
                     self.spawn_waiting -= 1
                     continue
                 item.state = RUNNING
@@ -289,15 +306,23 @@ class SpawnRunner:
             frames.clear()
 
     def complete(self: Any, item: SpawnFuture, value: Any, exc: BaseException | None) -> None:
-        """Record how the call ``item`` ended and wake its waiters. Lock not held."""
+        """Record how the call ``item`` ended (its result goes back to the rank it was
+        stolen from, if it was) and wake its waiters. Lock not held."""
         failure = None
         if exc is not None:
             net = self.net
             text = "".join(traceback.format_exception(exc))
             error = f"{type(exc).__name__}: {exc}"
             failure = (item.label(), net.rank, net.size, net.host, error, text)
+        if item.remote is not None:
+            self.steal.queue_result(item, value, failure)
+        self.settle(item, value, exc, failure)
+
+    def settle(self: Any, item: SpawnFuture, value: Any, exc, failure: tuple | None) -> None:
+        """The call ``item`` ended: with ``value``, or ``failure`` (and ``exc``, where it
+        ran here). Lock not held."""
         with self.lock:
-            if exc is None:
+            if failure is None:
                 item.value = value
                 item.state = DONE
             else:

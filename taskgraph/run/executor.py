@@ -48,6 +48,7 @@ from .direct import DirectPath, direct_task
 from .dynamic import SpawnRunner
 from .outcome import Failure, OutcomeProtocol
 from .schedstate import DONE, FAILED, READY, RUNNING, WAITING, SchedState, State
+from .steal import Stealer
 from .transfers import Transfers, _take
 from .tuning import (
     SHORT_KERNEL,
@@ -166,6 +167,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.spawn_cv = threading.Condition(base)
         self.spool: deque = deque()  # spawned calls not started yet (oldest first)
         self.spawn_waiting = 0
+        self.wait_depths: list[int] = []
         self._frames: list[list] = [[] for _ in range(self.nworkers)]
         self.wake = threading.Event()  # workers -> progress thread
         self.pollers = 0
@@ -219,6 +221,11 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
             self._tile_arrays,
             self.pickled,
         )
+        # spawned calls may move between ranks where plain functions run (a graph of
+        # kernels alone never asks: every rank decides alike, from the same graph)
+        self.steal: Stealer | None = None
+        if network.size > 1 and graph._values:
+            self.steal = self.transfers.steal = Stealer(self, network)
 
     @property
     def net_token(self) -> threading.Lock:
@@ -328,6 +335,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         net, tr, sched, tuning = self.net, self.transfers, self.sched, self.tuning
         clock = time.perf_counter
         sleep, idle_since = 0.0, clock()
+        steal, idle, depth = self.steal, False, -1
         while True:
             with self.lock:
                 if self._cancel is not None and self.failure is None:
@@ -337,19 +345,27 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 failed = self.failure is not None
                 all_done = sched.done == sched.ntasks
                 pollers = self.pollers
+                if steal is not None:  # every worker waits, and no work is here
+                    idle = not sched.ready and not self.spool
+                    idle = idle and self.waiting + self.spawn_waiting >= self.nworkers
+                    # a worker waiting in a spawned call runs only deeper ones
+                    depth = -1 if self.waiting else min(self.wait_depths, default=-1)
             if failed:
                 return
             busy = False
             if net.size > 1 and not pollers:  # else an idle worker polls: let it
                 busy = bool(tr.try_poll())
-            if all_done:
+            if steal is not None:
+                if self._steal_step(idle, depth, all_done):
+                    return
+            elif all_done:
                 with tr.token:  # no worker is half-way through a poll
                     if not tr.left():
                         return
             if busy:
                 sleep, idle_since = 0.0, clock()
                 continue
-            if not pollers and (net.size == 1 or not tr.left()):
+            if not pollers and steal is None and (net.size == 1 or not tr.left()):
                 # nothing to poll: sleep until a worker hands over (or a cancel)
                 self.wake.wait(tuning.watch if net.size > 1 or self._limits else None)
             else:
@@ -361,7 +377,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 else:
                     # back off: poll often while a worker is idle; while every worker
                     # computes, latency is hidden, so leave their cores alone
-                    busy_workers = self._running >= self.nworkers
+                    busy_workers = self._running >= self.nworkers and steal is None
                     cap = 10 * tuning.poll_max if busy_workers else tuning.poll_max
                     sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
                 self.stats.sleeps += 1
@@ -370,3 +386,15 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # back off afresh, not from when that worker began to poll
                     sleep, idle_since = 0.0, clock()
             self.wake.clear()
+
+    def _steal_step(self, idle: bool, depth: int, all_done: bool) -> bool:
+        """One step of stealing (see :meth:`~taskgraph.run.steal.Stealer.step`), if
+        the network token is free; True when the run may end on this rank."""
+        tr = self.transfers
+        if not tr.token.acquire(blocking=False):
+            return False
+        try:
+            assert self.steal is not None
+            return self.steal.step(idle, depth, all_done and not tr.left())
+        finally:
+            tr.token.release()

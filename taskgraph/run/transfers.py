@@ -106,6 +106,7 @@ class Transfers:
         self.received: dict[tuple[int, int], object] = {}
         self.refs: dict[tuple[int, int], int] = {}
         self.recv_rows: list[tuple[Message, float, float, int]] = []
+        self.steal: Any = None  # the run's Stealer (taskgraph.run.steal), if it steals
         if any(m.home for m in plan.recvs):  # versions made elsewhere land in storage
             self.tile_buffer = self._home_buffer  # type: ignore[method-assign]
             self.deliver = self._deliver_home  # type: ignore[method-assign]
@@ -131,6 +132,8 @@ class Transfers:
         """The run failed: cancel the posted receives, leave the sends in flight."""
         self.net.cancel(self.recvs_active)
         self.net.abandon(self.sends_active)
+        if self.steal is not None:
+            self.net.abandon([req for req, _ in self.steal.sends])
         self.recvs_active, self.sends_active = [], []
 
     def send_abort(self, failure: bytes) -> None:
@@ -390,6 +393,10 @@ class Transfers:
                 info = commlib.loads(ctl)
                 assert isinstance(info, dict)
                 self.owner.remote_abort(info)
+                continue
+            steal = self.steal
+            if steal is not None and tag >= steal.base:
+                steal.on_message(handle, src, tag, nbytes)
                 continue
             msg = self.expected.pop((src, tag), None)
             if msg is None:

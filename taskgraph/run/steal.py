@@ -1,0 +1,294 @@
+"""Work stealing between the ranks of a run: spawned calls move to idle ranks.
+
+An idle rank (no static task ready, no spawned call in its pool, every worker waiting)
+asks one other rank at a time for work; the victim's poller answers with its oldest
+stealable spawned call (nearest the root: the most work), pickled, or "none". Only a
+call deeper than the thief's waiting workers' frames goes (they run only deeper ones,
+which bounds their stacks, see taskgraph.run.dynamic; an idle worker runs any). The
+thief runs it as its own, and sends the result back to the victim, where the waiting
+parent's future completes. Static tasks (those with a placement) are never stolen::
+
+    thief                          victim (whichever thread holds its network token)
+    ─────                          ──────
+    REQUEST (depth) ─────────────► probe: its oldest call deeper, pickled ─┐
+      ◄──────────────────────────────────────────────────────────── REPLY ┘
+    run it (its children are the thief's: they may be stolen again)
+    RESULT (value, or the failure) ──► the parent's future: DONE or FAILED
+
+Handlers never wait: a reply is posted (``Isend``) from the probe that found the
+request, and a result made by a worker is queued for the token holder. A rank with
+nothing to steal waits between attempts with a doubling back-off (:class:`Backoff`).
+
+Termination (:class:`Termination`, pure): a rank whose static tasks are done (its
+spawned calls are joined by then) keeps stealing and answering. Point to point, through
+rank 0, in two rounds: DONE from every rank -> FINISH to every rank (no rank has work:
+stop asking), then DRAINED (this rank's last request is answered) -> CLOSE (no request
+is in flight anywhere). No collective: a run that fails half-way leaves no rank in a
+barrier the others never enter.
+
+The decisions (victim, back-off, termination) are pure and unit-tested
+(tests/test_steal.py); :class:`Stealer` carries them out over the run's network.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import cloudpickle
+
+from . import comm as commlib
+from .dynamic import PENDING, RUNNING, SpawnFuture
+
+REQUEST, REPLY, RESULT, TERM = range(4)  # tag offsets from the stealing tags' base
+NTAGS = 4
+DONE, FINISH, DRAINED, CLOSE = b"D", b"F", b"R", b"C"  # termination messages (TERM)
+
+
+def _unpack(payload: bytes) -> tuple:
+    """A pickled tuple of a stealing message."""
+    msg = commlib.loads(payload)
+    assert isinstance(msg, tuple)
+    return msg
+
+
+def tag_base(tag_ub: int) -> int:
+    """The lowest of the stealing tags: the top ``NTAGS`` tags, above any planned tag."""
+    return tag_ub - NTAGS + 1
+
+
+def choose_victim(rank: int, size: int, rng: random.Random) -> int:
+    """A rank other than ``rank`` (of ``size``), uniformly at random."""
+    v = rng.randrange(size - 1)
+    return v if v < rank else v + 1
+
+
+class Backoff:
+    """How long an idle rank waits before its next attempt: ``first`` seconds after a
+    failed one, doubling up to ``cap``; none after a success."""
+
+    def __init__(self, first: float = 5e-5, cap: float = 2e-3):
+        self.first, self.cap = first, cap
+        self.wait = 0.0
+        self.next_at = 0.0
+
+    def failed(self, now: float) -> None:
+        """An attempt found nothing at ``now``."""
+        self.wait = min(self.cap, max(self.first, 2 * self.wait))
+        self.next_at = now + self.wait
+
+    def succeeded(self) -> None:
+        """An attempt brought work: the next may follow at once."""
+        self.wait = 0.0
+        self.next_at = 0.0
+
+    def due(self, now: float) -> bool:
+        """Whether an attempt may be made at ``now``."""
+        return now >= self.next_at
+
+
+class Termination:
+    """The two rounds through rank 0 that end a stealing run (see the module
+    docstring). Each method returns the messages to send, as (rank, what)."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+        self.static_done = False
+        self.finished = False  # FINISH seen: ask no more
+        self.drained = False  # DRAINED sent (or counted, on rank 0)
+        self.closed = False  # CLOSE seen: nothing in flight to this rank
+        self._done: set[int] = set()
+        self._drained: set[int] = set()
+
+    def on_static_done(self) -> list[tuple[int, bytes]]:
+        """This rank's static tasks (and their spawned calls) are done."""
+        if self.static_done:
+            return []
+        self.static_done = True
+        return self.on_message(self.rank, DONE)
+
+    def on_drained(self) -> list[tuple[int, bytes]]:
+        """Past FINISH, this rank has no request of its own in flight."""
+        if not self.finished or self.drained:
+            return []
+        self.drained = True
+        return self.on_message(self.rank, DRAINED)
+
+    def on_message(self, src: int, what: bytes) -> list[tuple[int, bytes]]:
+        """``what`` came from ``src`` (this rank's own, when ``src`` is it)."""
+        if src != self.rank and what in (DONE, DRAINED) and self.rank != 0:
+            raise ValueError(f"rank {self.rank} got {what!r} from {src}: only rank 0 counts")
+        if what in (DONE, DRAINED) and self.rank != 0:
+            return [(0, what)]
+        out: list[tuple[int, bytes]] = []
+        if what == DONE:
+            self._done.add(src)
+            if len(self._done) == self.size:
+                out = [(r, FINISH) for r in range(1, self.size)]
+                self.finished = True
+        elif what == DRAINED:
+            self._drained.add(src)
+            if len(self._drained) == self.size:
+                out = [(r, CLOSE) for r in range(1, self.size)]
+                self.closed = True
+        elif what == FINISH:
+            self.finished = True
+        elif what == CLOSE:
+            self.closed = True
+        return out
+
+
+class Stealer:
+    """Carries out stealing for one rank's run (``ex``: its executor).
+
+    Guarded by the network token: ``outstanding`` (the victim of this rank's request,
+    or None), ``sends`` (steal messages in flight), ``stolen`` (key -> the future of
+    a call another rank runs), ``term``, ``backoff``. Guarded by the executor's lock:
+    ``outbox`` (messages a worker queued: (rank, tag, bytes))."""
+
+    def __init__(self, ex: Any, net: commlib.Network, seed: int = 0):
+        self.ex = ex
+        self.net = net
+        self.base = tag_base(net.tag_ub)  # type: ignore[attr-defined]
+        self.rng = random.Random(seed * 7919 + net.rank)
+        self.backoff = Backoff()
+        self.term = Termination(net.rank, net.size)
+        self.outstanding: int | None = None
+        self.asked_at = 0.0
+        self.sends: list[tuple[Any, bytes]] = []
+        self.outbox: list[tuple[int, int, bytes]] = []
+        self.stolen: dict[int, Any] = {}
+        self._key = 0
+        self.latencies: list[float] = []  # seconds from request to the task's arrival
+
+    def is_mine(self, tag: int) -> bool:
+        """Whether a message of ``tag`` is a stealing one."""
+        return tag >= self.base
+
+    def _send(self, dst: int, kind: int, payload: bytes) -> None:
+        """Post one message (token held): never waits."""
+        self.sends.append((self.net.isend(payload, dst, self.base + kind), payload))
+
+    def _send_term(self, msgs: list[tuple[int, bytes]]) -> None:
+        for dst, what in msgs:
+            self._send(dst, TERM, what)
+
+    # -- on the token holder's probe --------------------------------------------------
+
+    def on_message(self, handle, src: int, tag: int, nbytes: int) -> None:
+        """A stealing message was probed: receive and handle it. Token held."""
+        buf = bytearray(nbytes)
+        self.net.recv_probed(handle, buf).Wait()  # (probed: it is here already)
+        kind = tag - self.base
+        if kind == REQUEST:
+            self._send(src, REPLY, self._give(int(buf)))
+        elif kind == REPLY:
+            self.outstanding = None
+            if buf:
+                self._take(bytes(buf), src)
+            else:
+                self.backoff.failed(time.perf_counter())
+        elif kind == RESULT:
+            self._deliver(bytes(buf))
+        else:
+            self._send_term(self.term.on_message(src, bytes(buf)))
+
+    def _give(self, depth: int) -> bytes:
+        """The oldest stealable spawned call deeper than ``depth`` (the thief's
+        workers wait in calls that deep: they run only deeper ones), pickled and taken
+        out (b"": none)."""
+        ex = self.ex
+        with ex.lock:
+            item = None
+            for i, cand in enumerate(ex.spool):
+                if not cand.pinned and cand.depth > depth:
+                    item = cand
+                    del ex.spool[i]
+                    break
+            if item is None:
+                return b""
+            item.state = RUNNING  # (elsewhere)
+        self._key += 1
+        try:
+            payload = cloudpickle.dumps(
+                (self._key, item.fn, item.args, item.kwargs, item.depth, item.label())
+            )
+        except Exception:  # noqa: BLE001 - an unpicklable call stays here
+            with ex.lock:
+                item.pinned = True
+                item.state = PENDING
+                ex.spool.appendleft(item)
+            return b""
+        self.stolen[self._key] = item
+        return payload
+
+    def _take(self, payload: bytes, victim: int) -> None:
+        """A stolen call arrived: into this rank's pool."""
+        key, fn, args, kwargs, depth, label = _unpack(payload)
+        ex = self.ex
+        fut = SpawnFuture(ex, fn, args, kwargs, depth)
+        fut.name = label
+        fut.remote = (victim, key)
+        self.backoff.succeeded()
+        self.latencies.append(time.perf_counter() - self.asked_at)
+        with ex.lock:
+            ex.spool.append(fut)
+            ex.stats.steals += 1
+            if ex.waiting:
+                ex.lock.notify()
+            if ex.spawn_waiting:
+                ex.spawn_cv.notify_all()
+
+    def _deliver(self, payload: bytes) -> None:
+        """The result of a call another rank stole came back."""
+        key, failure, value = _unpack(payload)
+        item = self.stolen.pop(key)
+        if item.remote is not None:  # stolen here, and on from here: back where it began
+            victim, first = item.remote
+            self._send(victim, RESULT, commlib.dumps((first, failure, value)))
+        self.ex.settle(item, value, None, failure)
+
+    # -- from a worker ----------------------------------------------------------------
+
+    def queue_result(self, item: Any, value: Any, failure: tuple | None) -> None:
+        """A stolen call ended here: queue its result for its rank. Lock not held."""
+        victim, key = item.remote
+        try:
+            payload = commlib.dumps((key, failure, value))
+        except Exception as exc:  # noqa: BLE001 - the parent hears why
+            net = self.net
+            error = f"{type(exc).__name__}: its value cannot be pickled: {exc}"
+            failure = (item.label(), net.rank, net.size, net.host, error, "")
+            payload = commlib.dumps((key, failure, None))
+        with self.ex.lock:
+            self.outbox.append((victim, RESULT, payload))
+        self.ex.wake.set()
+
+    # -- the progress thread ----------------------------------------------------------
+
+    def step(self, idle: bool, depth: int, static_done: bool) -> bool:
+        """Post what is queued, test the sends, move termination on, and ask a victim
+        for a call deeper than ``depth`` if this rank is ``idle``; ``static_done``:
+        this rank's static tasks are done. Token held; True when the run may end here."""
+        ex = self.ex
+        if self.outbox:
+            with ex.lock:
+                out, self.outbox = self.outbox, []
+            for dst, kind, payload in out:
+                self._send(dst, kind, payload)
+        if self.sends:
+            done = set(self.net.test_some([r for r, _ in self.sends]))
+            if done:
+                self.sends = [s for i, s in enumerate(self.sends) if i not in done]
+        term = self.term
+        if static_done and not term.static_done:
+            self._send_term(term.on_static_done())
+        if term.finished and self.outstanding is None:
+            self._send_term(term.on_drained())
+        now = time.perf_counter()
+        if idle and not term.finished and self.outstanding is None and self.backoff.due(now):
+            self.outstanding = choose_victim(self.net.rank, self.net.size, self.rng)
+            self.asked_at = now
+            self._send(self.outstanding, REQUEST, str(depth).encode())
+        return term.closed and not self.sends and not self.outbox

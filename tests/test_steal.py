@@ -1,0 +1,187 @@
+"""Work stealing between ranks (taskgraph.run.steal): the pure decisions, then real
+2- and 3-rank jobs whose spawned calls move to idle ranks, with random delays."""
+
+from __future__ import annotations
+
+import random
+import re
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import taskgraph as tg
+from taskgraph.run.steal import (
+    CLOSE,
+    DONE,
+    DRAINED,
+    FINISH,
+    Backoff,
+    Termination,
+    choose_victim,
+    tag_base,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_victim_is_another_rank_and_every_other_rank_is_chosen():
+    rng = random.Random(1)
+    for size in (2, 3, 5):
+        for rank in range(size):
+            seen = {choose_victim(rank, size, rng) for _ in range(200)}
+            assert seen == set(range(size)) - {rank}
+
+
+def test_the_backoff_doubles_to_its_cap_and_a_success_resets_it():
+    b = Backoff(first=1e-4, cap=1e-3)
+    assert b.due(0.0)
+    waits = []
+    for _ in range(6):
+        b.failed(10.0)
+        waits.append(b.wait)
+    assert waits == [1e-4, 2e-4, 4e-4, 8e-4, 1e-3, 1e-3]
+    assert not b.due(10.0) and b.due(10.0 + 1e-3)
+    b.succeeded()
+    assert b.due(10.0) and b.wait == 0.0
+
+
+def test_stealing_tags_sit_above_every_planned_tag():
+    assert tag_base(32767) == 32764
+    assert tag_base(2**31 - 1) > 2**30
+
+
+def drive(size: int, order: list[tuple[int, str]]) -> list[Termination]:
+    """Run the termination rounds of ``size`` ranks: ``order`` says which rank does
+    what ("static" or "drained") when; messages are delivered at once, in order."""
+    ranks = [Termination(r, size) for r in range(size)]
+    inbox: list[tuple[int, int, bytes]] = []
+
+    def send(src: int, msgs):
+        inbox.extend((src, dst, what) for dst, what in msgs)
+        while inbox:
+            s, d, what = inbox.pop(0)
+            inbox.extend((d, dd, w) for dd, w in ranks[d].on_message(s, what))
+
+    for r, what in order:
+        send(r, ranks[r].on_static_done() if what == "static" else ranks[r].on_drained())
+    return ranks
+
+
+def test_termination_finishes_only_once_every_rank_is_done_and_closes_once_drained():
+    """
+    rank 1 done ─► 0     rank 2 done ─► 0     rank 0 done: FINISH ─► 1, 2
+    each drained ─► 0    all drained: CLOSE ─► 1, 2
+    """
+    ranks = drive(3, [(1, "static"), (2, "static")])
+    assert not any(t.finished for t in ranks)
+    ranks_after = drive(3, [(1, "static"), (2, "static"), (0, "static")])
+    assert all(t.finished for t in ranks_after) and not any(t.closed for t in ranks_after)
+    early = drive(3, [(1, "static"), (2, "static"), (0, "static"), (1, "drained")])
+    assert not any(t.closed for t in early)
+    done = drive(
+        3, [(2, "static"), (0, "static"), (1, "static"), (1, "drained"), (0, "drained"),
+            (2, "drained")],
+    )  # fmt: skip
+    assert all(t.closed for t in done)
+
+
+def test_termination_ignores_a_drain_before_finish_and_repeats():
+    t = Termination(1, 2)
+    assert t.on_drained() == []  # not finished: a request may still be sent
+    assert t.on_static_done() == [(0, DONE)]
+    assert t.on_static_done() == []
+    assert t.on_message(0, FINISH) == [] and t.finished
+    assert t.on_drained() == [(0, DRAINED)]
+    assert t.on_drained() == []
+    assert t.on_message(0, CLOSE) == [] and t.closed
+    with pytest.raises(ValueError, match="only rank 0 counts"):
+        t.on_message(0, DONE)
+
+
+def serial_fib(n: int) -> int:
+    return n if n < 2 else serial_fib(n - 1) + serial_fib(n - 2)
+
+
+@tg.task
+def slow_fib(n: int, cutoff: int, delay: float) -> int:
+    """fib(n) by spawns down to ``cutoff``; each leaf sleeps up to ``delay`` seconds."""
+    if n < cutoff:
+        if delay:
+            time.sleep(random.random() * delay)
+        return serial_fib(n)
+    a = tg.spawn(slow_fib, n - 1, cutoff, delay)
+    b = tg.spawn(slow_fib, n - 2, cutoff, delay)
+    return a.result() + b.result()
+
+
+@tg.task
+def slow_queens(n: int, row=0, cols=0, d1=0, d2=0, cutoff=5, delay=0.0) -> int:
+    if n - row <= cutoff:
+        if delay:
+            time.sleep(random.random() * delay)
+        return _serial_queens(n, row, cols, d1, d2)
+    futures = []
+    free = ~(cols | d1 | d2) & ((1 << n) - 1)
+    while free:
+        bit = free & -free
+        free ^= bit
+        args = (n, row + 1, cols | bit, (d1 | bit) << 1, (d2 | bit) >> 1, cutoff, delay)
+        futures.append(tg.spawn(slow_queens, *args))
+    return sum(tg.wait(futures))
+
+
+def _serial_queens(n, row, cols, d1, d2) -> int:
+    if row == n:
+        return 1
+    count = 0
+    free = ~(cols | d1 | d2) & ((1 << n) - 1)
+    while free:
+        bit = free & -free
+        free ^= bit
+        count += _serial_queens(n, row + 1, cols | bit, (d1 | bit) << 1, (d2 | bit) >> 1)
+    return count
+
+
+JOB = """
+import sys
+import taskgraph as tg
+sys.path.insert(0, {tests!r})
+from test_steal import slow_fib, slow_queens
+
+def say(*words):
+    line = " ".join(str(w) for w in (f"rank {{tg.current_cluster().rank}}:", *words))
+    sys.stdout.write(line + chr(10))
+    sys.stdout.flush()
+
+c = tg.Cluster()
+for workers in (1, 2):
+    for delay in (0.0, 0.002):
+        with tg.Graph("steal") as g:
+            f = slow_fib(16, 8, delay)
+            q = slow_queens(8, cutoff=5, delay=delay)
+        run = c.run(g, workers=workers).wait()
+        say("case", workers, delay, f.result(), q.result(), run.stats.steals)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_spawned_calls_are_stolen_by_idle_ranks_and_results_are_exact(ranks, mpirun, tmp_path):
+    script = tmp_path / "steal.py"
+    script.write_text(textwrap.dedent(JOB.format(tests=str(Path(__file__).parent))))
+    proc = mpirun(ranks, [str(script)], timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for workers in (1, 2):
+        for delay in (0.0, 0.002):
+            steals = 0
+            for rank in range(ranks):
+                found = re.search(rf"rank {rank}: case {workers} {delay} (\d+) (\d+) (\d+)", out)
+                assert found, out
+                assert (int(found.group(1)), int(found.group(2))) == (987, 92), out
+                steals += int(found.group(3))
+            if delay:  # with slow leaves an idle rank always finds work
+                assert steals > 0, out
