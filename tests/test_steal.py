@@ -144,11 +144,36 @@ def _serial_queens(n, row, cols, d1, d2) -> int:
     return count
 
 
+def nap(delay: float) -> int:
+    time.sleep(delay)
+    return 1
+
+
+def boom_tree(depth: int, delay: float) -> int:
+    """A chain of ``depth`` spawns with a napping sibling at each level; its bottom
+    raises, wherever it was stolen to."""
+    if depth == 0:
+        time.sleep(delay)
+        raise ValueError("bad leaf at the bottom")
+    below = tg.spawn(boom_tree, depth - 1, delay)
+    tg.spawn(nap, delay).result()
+    return below.result()
+
+
+@tg.task
+def catches(depth: int, delay: float) -> str:
+    try:
+        tg.spawn(boom_tree, depth, delay).result()
+    except tg.TaskError as exc:
+        return f"caught {'ValueError: bad leaf at the bottom' in str(exc)}"
+    return "not raised"
+
+
 JOB = """
 import sys
 import taskgraph as tg
 sys.path.insert(0, {tests!r})
-from test_steal import slow_fib, slow_queens
+from test_steal import catches, slow_fib, slow_queens
 
 def say(*words):
     line = " ".join(str(w) for w in (f"rank {{tg.current_cluster().rank}}:", *words))
@@ -161,8 +186,9 @@ for workers in (1, 2):
         with tg.Graph("steal") as g:
             f = slow_fib(16, 8, delay)
             q = slow_queens(8, cutoff=5, delay=delay)
+            e = catches(6, delay)
         run = c.run(g, workers=workers).wait()
-        say("case", workers, delay, f.result(), q.result(), run.stats.steals)
+        say("case", workers, delay, f.result(), q.result(), run.stats.steals, e.result())
 """
 
 
@@ -179,7 +205,9 @@ def test_spawned_calls_are_stolen_by_idle_ranks_and_results_are_exact(ranks, mpi
         for delay in (0.0, 0.002):
             steals = 0
             for rank in range(ranks):
-                found = re.search(rf"rank {rank}: case {workers} {delay} (\d+) (\d+) (\d+)", out)
+                found = re.search(
+                    rf"rank {rank}: case {workers} {delay} (\d+) (\d+) (\d+) caught True", out
+                )
                 assert found, out
                 assert (int(found.group(1)), int(found.group(2))) == (987, 92), out
                 steals += int(found.group(3))
