@@ -213,3 +213,31 @@ def test_spawned_calls_are_stolen_by_idle_ranks_and_results_are_exact(ranks, mpi
                 steals += int(found.group(3))
             if delay:  # with slow leaves an idle rank always finds work
                 assert steals > 0, out
+
+
+IDLE_JOB = """
+import sys, time
+import taskgraph as tg
+sys.path.insert(0, {tests!r})
+from test_steal import nap
+
+c = tg.Cluster()
+with tg.Graph("idle") as g:
+    tg.task(nap)(1.5)  # one plain task: the other rank is idle, and asks for work
+t0, c0 = time.perf_counter(), time.process_time()
+run = c.run(g, workers=1).wait()
+share = (time.process_time() - c0) / (time.perf_counter() - t0)
+print(f"rank {{c.rank}}: cpu {{share:.3f}}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_an_idle_rank_sleeps_between_steal_attempts(mpirun, tmp_path):
+    """Both ranks, the idle one asking and the one asked, use a small share of a core
+    (about 2 % here, 13 % when answers reset the back-off; bounded loosely)."""
+    script = tmp_path / "idle.py"
+    script.write_text(textwrap.dedent(IDLE_JOB.format(tests=str(Path(__file__).parent))))
+    proc = mpirun(2, [str(script)], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shares = [float(s) for s in re.findall(r"rank \d: cpu ([\d.]+)", proc.stdout)]
+    assert len(shares) == 2 and max(shares) < 0.08, proc.stdout

@@ -377,7 +377,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 else:
                     # back off: poll often while a worker is idle; while every worker
                     # computes, latency is hidden, so leave their cores alone
-                    busy_workers = self._running >= self.nworkers and steal is None
+                    busy_workers = self._running >= self.nworkers
                     cap = 10 * tuning.poll_max if busy_workers else tuning.poll_max
                     sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
                 self.stats.sleeps += 1

@@ -176,8 +176,9 @@ class Stealer:
 
     # -- on the token holder's probe --------------------------------------------------
 
-    def on_message(self, handle, src: int, tag: int, nbytes: int) -> None:
-        """A stealing message was probed: receive and handle it. Token held."""
+    def on_message(self, handle, src: int, tag: int, nbytes: int) -> bool:
+        """A stealing message was probed: receive and handle it. Token held; True if
+        it brought work or a result."""
         buf = bytearray(nbytes)
         self.net.recv_probed(handle, buf).Wait()  # (probed: it is here already)
         kind = tag - self.base
@@ -187,12 +188,14 @@ class Stealer:
             self.outstanding = None
             if buf:
                 self._take(bytes(buf), src)
-            else:
-                self.backoff.failed(time.perf_counter())
+                return True
+            self.backoff.failed(time.perf_counter())
         elif kind == RESULT:
             self._deliver(bytes(buf))
+            return True
         else:
             self._send_term(self.term.on_message(src, bytes(buf)))
+        return False
 
     def _give(self, depth: int) -> bytes:
         """The oldest stealable spawned call deeper than ``depth`` (the thief's

@@ -378,25 +378,28 @@ class Transfers:
         self.posted_bytes += msg.nbytes
 
     def probe(self) -> bool:
-        """Take the unexpected messages there are; True if any. Token held."""
+        """Take the unexpected messages there are; True if any (of stealing, only
+        work or a result). Token held."""
         got = False
         net = self.net
         while True:
             found = net.probe()
             if found is None:
                 return got
-            got = True
             handle, src, tag, nbytes = found
+            steal = self.steal
+            if steal is not None and tag >= steal.base:
+                # (busy only if work came: a request answered or a "none" is no
+                # reason for a poller to poll more often)
+                got = steal.on_message(handle, src, tag, nbytes) or got
+                continue
+            got = True
             if tag == CONTROL_TAG:
                 ctl = bytearray(nbytes)
                 net.recv_probed(handle, ctl).Wait()
                 info = commlib.loads(ctl)
                 assert isinstance(info, dict)
                 self.owner.remote_abort(info)
-                continue
-            steal = self.steal
-            if steal is not None and tag >= steal.base:
-                steal.on_message(handle, src, tag, nbytes)
                 continue
             msg = self.expected.pop((src, tag), None)
             if msg is None:
