@@ -12,6 +12,7 @@ import textwrap
 import threading
 
 import pytest
+from conftest import job_marker
 from test_jobcluster import PRELUDE, said
 
 import taskgraph as tg
@@ -212,3 +213,102 @@ def test_the_blas_limit_holds_until_the_last_run_in_flight_ends():
     with blas_limit(2), blas_limit(1):
         assert blas() == {1}, "the smallest limit among the runs in flight holds"
     assert blas() == before and threading.active_count() >= 1
+
+
+# -- on 2 real ipyparallel engines --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engines():
+    with job_marker(), tg.Cluster(n=2) as c:
+        yield c
+
+
+@tg.task
+def _after(path, x):
+    """Waits for another run (or the test) to write ``path``."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared: the runs did not overlap")
+        time.sleep(0.01)
+    return x
+
+
+@tg.task
+def _flag(path, x):
+    open(path, "a").close()
+    return x
+
+
+@tg.task
+def _square(x):
+    return x * x
+
+
+@tg.task
+def _total(*xs):
+    return sum(xs)
+
+
+@tg.task
+def _broken(x):
+    raise ValueError("deliberate failure")
+
+
+@tg.task
+def _add_into(y, x):
+    y += x
+
+
+def _release(path) -> None:
+    open(path, "a").close()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_two_runs_in_flight_on_engines_one_fails_one_is_cancelled(engines, tmp_path):
+    import numpy as np
+
+    f = str(tmp_path) + "/"
+    x, y = np.zeros(3), np.zeros(3)
+    with tg.Graph("first") as g1:
+        a = _total(*[_after(f + "a", i) for i in range(4)])
+        _add_into(tg.rw(x), a)
+    with tg.Graph("second") as g2:
+        b = _flag(f + "a", _total(*[_square(_after(f + "b", i)) for i in range(4)]))
+        _add_into(tg.rw(y), b)
+    r1, r2 = engines.run(g1), engines.run(g2)
+    assert (r1.state(), r2.state()) == ("running", "running")
+    _release(f + "b")
+    assert (r2.result(b), r1.result(a)) == (14, 6)
+    assert x.tolist() == [6.0] * 3 and y.tolist() == [14.0] * 3
+    # one fails: the other goes on
+    with tg.Graph("waits") as g3:
+        w = _total(*[_square(_after(f + "c", i)) for i in range(5)])
+    with tg.Graph("fails") as g4:
+        _broken(_square(2))
+    r3, r4 = engines.run(g3), engines.run(g4)
+    with pytest.raises(tg.TaskError, match="deliberate failure"):
+        r4.wait(60)
+    assert r3.state() == "running"
+    _release(f + "c")
+    assert r3.result(w) == 30 and r3.state() == "done" and r4.state() == "failed"
+    # one cancelled: the other completes
+    with tg.Graph("stuck") as g5:
+        _total(*[_after(f + "never", i) for i in range(4)])
+    with tg.Graph("goes on") as g6:
+        s = _total(*[_square(i) for i in range(5)])
+    r5, r6 = engines.run(g5), engines.run(g6)
+    r5.cancel("changed my mind")
+    assert r6.result(s) == 30
+    _release(f + "never")
+    with pytest.raises(tg.RunError, match="changed my mind"):
+        r5.wait(60)
+    # and a third run works
+    with tg.Graph("third") as g7:
+        t = _total(*[_square(i) for i in range(6)])
+    assert engines.run(g7).result(t) == 55

@@ -13,11 +13,16 @@ rank 0's summary carries the final value of each datum the run wrote, and the no
 copies it into its own arrays and objects when it reads the summaries (``wait()``).
 Runs settle in the order they were made: a later run's final values are never
 overwritten by an earlier run read afterwards.
+
+Several runs may be in flight at once: the engines start each run and take the next
+request at once (:func:`~taskgraph.cluster.engine_side.run_graph`), and each run's
+summary arrives as data published under its request (``summary``). A run waits
+("queued") only for an earlier run still going that writes data it uses, or uses data
+it writes (:mod:`taskgraph.cluster.overlap`); the engines decide the same.
 """
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 import uuid
@@ -33,6 +38,7 @@ from ..run.executor import Stats
 from ..trace.events import Trace
 from . import engine_side
 from .handle import RunHandle
+from .overlap import footprint, must_wait
 
 if TYPE_CHECKING:
     from .engines import EngineCluster
@@ -47,9 +53,10 @@ _settling = threading.RLock()  # (a live view may ask for a run's state from its
 class EngineRun(RunHandle):
     """A graph running on the engines; returned at once by :meth:`EngineCluster.run`.
 
-    States (:meth:`state`): ``"queued"`` while an earlier run of the cluster is still
-    going (the engines take one request at a time), ``"running"``, then ``"done"`` or
-    ``"failed"``. Values stay on the engines until ``result(future)`` asks for one.
+    States (:meth:`state`): ``"queued"`` while an earlier run of the cluster still
+    going writes data this one uses, or uses data this one writes (only then: other runs
+    in flight run at once), ``"running"``, then ``"done"`` or ``"failed"``. Values stay
+    on the engines until ``result(future)`` asks for one.
 
     Parameters
     ----------
@@ -60,7 +67,8 @@ class EngineRun(RunHandle):
     plan : a plan made already (None: planned here).
     trace : record events.
     task_timeout : seconds any task may run unless it has a ``timeout`` of its own.
-    previous : the cluster's run made before this one (this one is queued behind it).
+    earlier : the cluster's runs made before this one and still going (this one waits
+        for those it overlaps).
     """
 
     where = "engines"
@@ -74,12 +82,15 @@ class EngineRun(RunHandle):
         plan: Plan | None,
         trace: bool = True,
         task_timeout: float | None = None,
-        previous: EngineRun | None = None,
+        earlier: list[EngineRun] | None = None,
     ):
         super().__init__(cluster, graph, plan)
         self.id = uuid.uuid4().hex[:12]
         self.task_timeout = task_timeout
-        self._previous = previous if previous is not None and not previous.done() else None
+        self.footprint = footprint(graph)
+        self._waits_for = [
+            r for r in earlier or () if not r.done() and must_wait(r.footprint, self.footprint)
+        ]
         self._own_graph()
         _settle_ended_runs()  # (their holds off the data: their values go with this plan)
         payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout))
@@ -101,15 +112,25 @@ class EngineRun(RunHandle):
         self.wall_seconds = 0.0
 
     def done(self) -> bool:
-        """Whether every engine has answered (the run is over, done or failed)."""
-        return self.ar.ready()
+        """Whether the run is over on every engine (done or failed): each published its
+        summary, or the request that starts it failed."""
+        if not self.ar.ready():
+            return False
+        if not self.ar.successful():
+            return True
+        return all("summary" in per_engine for per_engine in self._data())
+
+    def _data(self) -> list[dict]:
+        """What each engine published under this run's request, by rank: read from the
+        client's own records (``ar.data`` stops following them once the request has
+        answered, and the engines answer as soon as the run has started)."""
+        records = self.cluster.client.metadata
+        return [records[msg_id]["data"] for msg_id in self.ar.msg_ids]
 
     def queued(self) -> bool:
-        """Whether the run waits for an earlier run of the cluster to end."""
-        prev = self._previous
-        if prev is not None and prev.done():
-            self._previous = prev = None
-        return prev is not None and not self.done()
+        """Whether the run waits for an earlier run of the cluster that it overlaps."""
+        self._waits_for = [r for r in self._waits_for if not r.done()]
+        return bool(self._waits_for) and not self.done()
 
     def state(self) -> str:
         """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``."""
@@ -130,9 +151,12 @@ class EngineRun(RunHandle):
         a second Ctrl-C meanwhile stops only the waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while not self.ar.ready():
-                self.ar.wait(0.2)
+            while not self.done():
                 if self.ar.ready():
+                    time.sleep(0.05)  # (started: its summary comes as published data)
+                else:
+                    self.ar.wait(0.2)
+                if self.done():
                     break
                 if not self.cluster.alive():
                     raise RunError(self.cluster._dead_message())
@@ -142,7 +166,9 @@ class EngineRun(RunHandle):
         except KeyboardInterrupt:
             self.cancel("interrupted (KeyboardInterrupt)")
             try:
-                self.ar.wait(10)
+                deadline = time.monotonic() + 10
+                while not self.done() and time.monotonic() < deadline:
+                    time.sleep(0.05)
             finally:
                 raise
         self._conclude()
@@ -158,8 +184,7 @@ class EngineRun(RunHandle):
         long (a call into C that holds the interpreter) while every task has a limit."""
         if self.queued():
             return
-        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
-        data += [{}] * (self.cluster.size - len(data))
+        data = self._data()
         now = time.monotonic()
         longest = self._longest_limit()
         for rank, per_engine in enumerate(data):
@@ -245,15 +270,12 @@ class EngineRun(RunHandle):
 
     def _read_summaries(self) -> None:
         try:
-            summaries = self.ar.get()
+            self.ar.get()
         except Exception as exc:  # an engine died or the engine function failed
             if not self.cluster.alive():
                 raise RunError(self.cluster._dead_message()) from exc
             raise
-        if any(not isinstance(s, dict) for s in summaries):  # ipyparallel's TaskAborted
-            raise RunError(
-                f"run of {self.graph.name!r} was cancelled before it started: {self._cancelled}"
-            )
+        summaries = [per_engine["summary"] for per_engine in self._data()]
         self.summaries = summaries
         self.wall_seconds = time.perf_counter() - self.t0
         self.seconds = max(s["seconds"] for s in self.summaries)
@@ -272,18 +294,14 @@ class EngineRun(RunHandle):
                     settle(item, value)
 
     def cancel(self, reason: str | None = None) -> None:
-        """Stop the run on every engine; ``wait()`` then raises RunError naming
-        ``reason`` (default "cancelled by the user"). A queued run is taken out of the
-        engines' queue; a running one gets one SIGINT per engine, and cancelling again
-        changes nothing."""
-        if self._cancelled is not None or self.ar.ready():
+        """Stop the run on every engine (the cluster's other runs go on); ``wait()``
+        then raises RunError naming ``reason`` (default "cancelled by the user"). A
+        queued run is stopped as it starts; cancelling again changes nothing."""
+        if self._cancelled is not None or self.done():
             return
         self._cancelled = reason or "cancelled by the user"
-        client = self.cluster.client
-        if self.queued():
-            client.abort(self.ar, targets=self.cluster.engine_ids, block=False)
-        else:
-            client.send_signal(signal.SIGINT, targets=self.cluster.engine_ids)
+        # (after the request that starts the run: each engine takes requests in order)
+        self.cluster.view.apply_async(engine_side.cancel_run, self.id)
 
     def _fetch(self, tid: int):
         """The value of task ``tid`` from the engine of the rank that holds it."""
@@ -307,11 +325,8 @@ class EngineRun(RunHandle):
 
     def batches(self) -> list[dict]:
         """Progress and event batches that arrived since the last call, in order."""
-        data = self.ar.data
-        if isinstance(data, dict):  # a single engine
-            data = [data]
         out = []
-        for rank, per_engine in enumerate(data):
+        for rank, per_engine in enumerate(self._data()):
             for key in sorted(per_engine):
                 if key.startswith("b") and key not in self._seen[rank]:
                     self._seen[rank].add(key)
@@ -342,8 +357,7 @@ class EngineRun(RunHandle):
         latest: dict[int, tuple[int, int]] = {}
         if self.summaries is not None:  # the ranks' final counts
             return sum(s["stats"]["tasks"] for s in self.summaries), self.graph.ntasks
-        data = self.ar.data if isinstance(self.ar.data, list) else [self.ar.data]
-        for per_engine in data:
+        for per_engine in self._data():
             for key in sorted(k for k in per_engine if k.startswith("b")):
                 b = per_engine[key]
                 latest[b["rank"]] = (b["done"], b["total"])

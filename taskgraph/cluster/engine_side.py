@@ -5,14 +5,16 @@ The notebook (:mod:`taskgraph.cluster.engines`) calls these functions on every e
 uid) and its recent runs (for fetching their values later).
 
 A run executes on the engine's own ranks exactly as in a batch job (the same
-:class:`~taskgraph.cluster.Run` and executor); the engine's main thread meanwhile
-publishes progress and event batches every ``interval`` seconds with ipyparallel's
-data publication, each under a key of its own (``b000001``, ...), so the notebook's
-``AsyncResult.data`` collects every batch while the run is going, and a heartbeat
-(``alive``: a count and the tasks its workers are in) that tells the notebook the
-engine still answers. A SIGINT sent to the engines (``Client.send_signal``) cancels the
-run on every rank: during a run it only sets a flag (a second one, or one that lands in
-the middle of the cancel, changes nothing), and the run ends with a RunError.
+:class:`~taskgraph.cluster.Run` and executor), and several may be in flight at once:
+:func:`run_graph` starts one and returns, so the engine (which takes one request at a
+time) is free for the next run or a cancel. A thread per run meanwhile publishes
+progress and event batches every ``interval`` seconds with ipyparallel's data
+publication, under the request that started the run, each under a key of its own
+(``b000001``, ...), so the notebook's ``AsyncResult.data`` collects every batch, a
+heartbeat (``alive``: a count and the tasks its workers are in) that tells the notebook
+the engine still answers, and at the end the run's summary (``summary``).
+:func:`cancel_run` cancels one run on every rank (the others go on); the run ends with
+a RunError.
 
 :func:`shutdown` ends an engine in order: MPI finalized (its shared memory freed), then
 the process exits, without the traceback and MPI_Abort that a SIGTERM brings.
@@ -21,7 +23,6 @@ the process exits, without the traceback and MPI_Abort that a SIGTERM brings.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import threading
@@ -127,26 +128,15 @@ def compile_kernels(dtypes=("float64", "float32")) -> float:
 
 
 def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) -> dict:
-    """Run this rank's share of a planned graph; publish progress while it runs.
+    """Start this rank's share of a planned graph and return at once (``{"rank": r}``):
+    the engine takes its next request (another run, a cancel) while this one runs.
     First drop the matrices in ``forget`` (freed in the notebook since the last run).
-    ``payload``: the pickled (plan, workers, blas_threads, trace, task_timeout)."""
-    interrupted = threading.Event()
-    previous = _on_sigint(interrupted)
-    try:
-        return _run_graph(payload, run_id, forget, interval, interrupted)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    ``payload``: the pickled (plan, workers, blas_threads, trace, task_timeout).
 
-
-def _on_sigint(flag: threading.Event):
-    """SIGINT sets ``flag`` (in the main thread only); the handler it replaced."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, lambda signum, frame: flag.set())
-
-
-def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
+    The run's communicators are posted here, in the engine's main thread, which takes
+    requests in the order the notebook sent them (the same on every engine). A thread
+    then publishes the run's heartbeat and batches under this request, and at the end
+    its summary (``{"summary": ...}``, see :func:`_summary`)."""
     for uid in forget:
         forget_matrix(uid)
     plan, workers, blas_threads, trace, task_timeout = cloudpickle.loads(payload)
@@ -158,23 +148,54 @@ def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
     run = cluster.run(
         plan.graph, workers=workers, blas_threads=blas_threads, plan=plan, trace=trace, **extra
     )
+    _keep(run_id, run)
+    watcher = threading.Thread(
+        target=_watch, args=(run, publish, interval), name=f"taskgraph-watch-{run_id}", daemon=True
+    )
+    watcher.start()
+    return {"rank": cluster.rank}
+
+
+def cancel_run(run_id: str, reason: str = "interrupted from the notebook") -> bool:
+    """Cancel run ``run_id`` on this rank (it stops on every rank); False if this engine
+    has no such run going."""
+    run = RUNS.get(run_id)
+    if run is None or run.done():
+        return False
+    run.cancel(reason)
+    return True
+
+
+def _keep(run_id: str, run) -> None:
+    """Keep ``run`` for its values; forget the oldest ended runs past ``KEEP_RUNS``."""
+    RUNS[run_id] = run
+    ended = [key for key, kept in RUNS.items() if kept.done()]
+    for key in ended[: max(0, len(RUNS) - KEEP_RUNS)]:
+        del RUNS[key]
+
+
+def _watch(run, publish, interval: float) -> None:
+    """Publish ``run``'s heartbeat and batches until it ends, then its summary."""
     seq, cursor = 0, (0, 0)
     t0 = time.perf_counter()
-    step = min(interval, 0.05)  # a SIGINT is seen within this
     next_batch = 0.0
-    cancelled = False
-    while not run.done():
-        run.join(step)
-        if interrupted.is_set() and not cancelled:
-            cancelled = True
-            run.cancel("interrupted from the notebook")
+    while not run.join(min(interval, 0.05)):
         if time.perf_counter() >= next_batch:
             next_batch = time.perf_counter() + interval
             seq, cursor = _publish_batch(publish, run, seq, cursor, t0)
     seq, cursor = _publish_batch(publish, run, seq, cursor, t0, final=True)
-    RUNS[run_id] = run
-    while len(RUNS) > KEEP_RUNS:
-        RUNS.popitem(last=False)
+    summary = _summary(run, seq)
+    if publish is not None:
+        try:
+            publish({"summary": summary})
+        except Exception as exc:  # noqa: BLE001 - an unpicklable error or value: say so
+            summary.update(error=TaskgraphError(f"{summary['error'] or exc}"), data=None)
+            publish({"summary": summary})
+
+
+def _summary(run, batches: int) -> dict:
+    """What the notebook reads of an ended run on this rank."""
+    cluster = current_cluster()
     error = None
     try:
         run.wait()
@@ -189,18 +210,42 @@ def _run_graph(payload, run_id, forget, interval, interrupted) -> dict:
         "error": error,
         # the final values of the plain data the run wrote (every engine has them)
         "data": getattr(run, "data_values", None) if error is None and cluster.rank == 0 else None,
-        "batches": seq,
+        "batches": batches,
     }
 
 
-def _publisher():
-    try:
-        from ipyparallel.datapub import publish_data
+_publish_lock = threading.Lock()  # (the watchers of several runs share one socket)
 
-        publish_data({})  # fails outside an engine's execution
-        return publish_data
+
+def _publisher():
+    """A function that publishes data under the current request, from any thread, after
+    the request has returned too; None outside an engine."""
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+        from ipyparallel.serialize import serialize_object
+
+        pub = ZMQInteractiveShell.instance().data_pub
+        pub.publish_data({})  # fails outside an engine's execution
     except Exception:  # noqa: BLE001 - not on an engine: nothing to publish to
         return None
+    parent = dict(pub.parent_header)  # this request's, whatever the engine does next
+    session = pub.session
+
+    def publish(data: dict) -> None:
+        buffers = serialize_object(
+            data, buffer_threshold=session.buffer_threshold, item_threshold=session.item_threshold
+        )
+        with _publish_lock:
+            session.send(
+                pub.pub_socket,
+                "data_message",
+                content={"keys": list(data)},
+                parent=parent,
+                buffers=buffers,
+                ident=pub.topic,
+            )
+
+    return publish
 
 
 def _running(ex) -> list[tuple[int, float]]:

@@ -27,9 +27,11 @@ had mapped). A watchdog process (:mod:`taskgraph.cluster.watchdog`) does the sam
 dies without closing (SIGKILL included); SIGTERM and SIGHUP close the clusters first,
 then end the process as they would have.
 
-One run at a time: engines execute requests in order, so a second ``run()`` while one
-is going waits on the engines until the first ends; its handle says ``queued`` until
-then (``run.state()``), and ``cancel()`` takes it out of the queue.
+Several runs in flight: the engines start a run and take the next request at once, so
+a second ``run()`` while one is going runs beside it, on communicators of its own (each
+engine makes them in the order the runs arrive, the same on every engine); a failure or
+``cancel()`` of one leaves the other going. A run waits ("queued") only for an earlier
+run still going that writes data it uses, or uses data it writes.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class EngineCluster(Cluster, kind="engines"):
         self._forgotten: deque[int] = deque()
         self._guard: watchdog.Guard | None = None  # the watchdog of a cluster started here
         self._marker: str | None = None  # in the environment of its every process
-        self._last_run: EngineRun | None = None
+        self._runs: list[EngineRun] = []  # the runs made here, not seen ended yet
         self._stuck: str | None = None  # an engine stuck in a task: what it is stuck in
         self.start_seconds = 0.0
         if _client is None:
@@ -196,7 +198,7 @@ class EngineCluster(Cluster, kind="engines"):
         self.view.block = False
         self.hosts = [info["host"] for info in self.infos]
         self.generation = getattr(self, "generation", 0) + 1
-        self._last_run = None
+        self._runs = []
         self._stuck = None
 
     def _await_engines(self, client, n: int) -> None:
@@ -284,13 +286,15 @@ class EngineCluster(Cluster, kind="engines"):
     def _shutdown_engines(self) -> None:
         """Cancel what runs, then finalize MPI on every engine and let them exit. Engines
         that do not answer within ``STOP_TIMEOUT`` are left to be killed."""
-        last = self._last_run
+        going = [r for r in self._runs if not r.done()]
         try:
-            if last is not None and not last.done():
-                last.cancel()
-                last.ar.wait(STOP_TIMEOUT)
-                if not last.done():
-                    return
+            for run in going:
+                run.cancel()
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while any(not r.done() for r in going) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if any(not r.done() for r in going):
+                return
             if self._stuck is not None or not self.alive():
                 return
             ar = self.view.apply_async(engine_side.shutdown)
@@ -423,8 +427,9 @@ class EngineCluster(Cluster, kind="engines"):
         may run unless its function has a ``timeout`` of its own (None: no limit). A
         task past its limit fails the run, naming it; an engine stuck in it (a call into
         C that never returns) is reported by ``wait()`` within the limit plus
-        ``STUCK_GRACE`` seconds. A run started while another is going is queued behind
-        it (``run.state() == "queued"``) and starts when that one ends."""
+        ``STUCK_GRACE`` seconds. A run started while others are going runs beside them;
+        only one that overlaps an earlier run still going (writes data it uses, or uses
+        data it writes) waits for it (``run.state() == "queued"``)."""
         if self.client is None:
             raise RunError("the cluster is closed")
         if self._stuck is not None:
@@ -439,9 +444,9 @@ class EngineCluster(Cluster, kind="engines"):
             plan,
             trace,
             task_timeout,
-            previous=self._last_run,
+            earlier=self._runs,
         )
-        self._last_run = run
+        self._runs = [r for r in self._runs if not r.done()] + [run]
         return run
 
 
