@@ -300,7 +300,7 @@ class WorkerLoop:
         sreq = stask = None  # staged.req and .task as locals: a NamedTuple field is a slow
         # attribute in the spin (benchmarks/abtest.py, 1 MiB)
         try:
-            while not ready and not self.stopping and tr.recvs_left > 0 and not spool:
+            while not ready and not self.stopping and tr.recvs_left > 0:
                 lock.release()
                 got = False
                 ran = None
@@ -373,6 +373,8 @@ class WorkerLoop:
                     self.waiting += 1
                     lock.wait(sleep)
                     self.waiting -= 1
+                    if spool:  # spawned work (looked for here only: not in the spin)
+                        break
         finally:
             if tr.outbox or (not ready and not self.stopping):
                 # no message left to wait for (sends may still be out), or a task's
