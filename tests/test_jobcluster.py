@@ -84,7 +84,7 @@ def test_future_result_fetches_the_value_from_its_rank_on_every_rank(mpirun, tmp
     assert "did not send it to rank 0 within 3 s" in alone and "every rank must call" in alone
 
 
-def test_a_second_run_waits_for_the_first_and_says_queued(mpirun, tmp_path):
+def test_a_second_run_runs_beside_the_first_and_a_cancel_stops_only_it(mpirun, tmp_path):
     out = run_script(
         mpirun,
         tmp_path,
@@ -98,7 +98,7 @@ def test_a_second_run_waits_for_the_first_and_says_queued(mpirun, tmp_path):
         say("results", r2.result(), r1.result())
         r3, r4 = c.run(g1), c.run(g2)
         if c.rank == 0:
-            r4.cancel("changed my mind")  # queued: stopped on every rank as it starts
+            r4.cancel("changed my mind")  # on one rank: stopped on every rank, r3 goes on
         r3.wait()
         try:
             r4.wait()
@@ -108,7 +108,7 @@ def test_a_second_run_waits_for_the_first_and_says_queued(mpirun, tmp_path):
         """,
     )
     for rank in (0, 1):
-        assert said(out, rank, "states") == ["<Run 'squares' on 2 ranks: queued>"], out
+        assert said(out, rank, "states") == ["<Run 'squares' on 2 ranks: running>"], out
         assert said(out, rank, "results") == ["55 6"], out
         [cancelled] = said(out, rank, "cancelled")
         assert "changed my mind" in cancelled and "rank 0/2" in cancelled

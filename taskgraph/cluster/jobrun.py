@@ -301,6 +301,7 @@ class Run(RunHandle):
             try:
                 check_same_graph(self.graph, net)
                 check_tiles(self.graph, net)  # a replaced tile fails here, named
+                self._check_not_cancelled(net)
             except BaseException:
                 net.close()
                 raise
@@ -318,6 +319,19 @@ class Run(RunHandle):
                 self._stats = ex.stats
                 self._claim_values(ex)
             self._share_data()
+
+    def _check_not_cancelled(self, net) -> None:
+        """RunError on every rank, before any task runs, if the run was cancelled on any
+        rank while it was queued (a cancel made on one rank only counts too)."""
+        with self._lock:
+            mine = self._cancel_reason
+        reasons = net.allgather(mine) if net.size > 1 else [mine]
+        for rank, reason in enumerate(reasons):
+            if reason is not None:
+                raise RunError(
+                    f"run {self.graph.name!r} was cancelled before it started, on rank "
+                    f"{rank}/{net.size}: {reason}"
+                )
 
     def _share_data(self) -> None:
         """The run ended well on every rank: each plain datum it wrote, from its home to
