@@ -380,6 +380,8 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     busy_workers = self._running >= self.nworkers
                     cap = 10 * tuning.poll_max if busy_workers else tuning.poll_max
                     sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
+                    if steal is not None and self.spool:  # (a hint, without the lock)
+                        sleep = min(sleep, tuning.poll_max)  # work to give: answer soon
                 self.stats.sleeps += 1
                 if self.wake.wait(sleep):
                     # handed work (a worker stopped polling, or starts a long task):
