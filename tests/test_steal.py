@@ -241,3 +241,48 @@ def test_an_idle_rank_sleeps_between_steal_attempts(mpirun, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     shares = [float(s) for s in re.findall(r"rank \d: cpu ([\d.]+)", proc.stdout)]
     assert len(shares) == 2 and max(shares) < 0.08, proc.stdout
+
+
+CANCEL_JOB = """
+import sys, time
+import taskgraph as tg
+sys.path.insert(0, {tests!r})
+from test_steal import slow_fib
+
+c = tg.Cluster()
+with tg.Graph("long") as g:
+    slow_fib(30, 8, 0.005)  # minutes of naps: stopped long before
+run = c.run(g, workers=1)
+if c.rank == 0:
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    run.cancel("enough")
+else:
+    t0 = time.perf_counter()
+try:
+    run.wait()
+except tg.RunError as exc:
+    took = time.perf_counter() - t0
+    print(f"rank {{c.rank}}: cancelled {{took:.2f}} {{'enough' in str(exc)}}", flush=True)
+with tg.Graph("next") as g:
+    f = slow_fib(12, 8, 0.0)
+c.run(g).wait()
+print(f"rank {{c.rank}}: next {{f.result()}}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_cancel_stops_a_stealing_run_on_every_rank_and_the_next_run_works(
+    ranks, mpirun, tmp_path
+):
+    script = tmp_path / "cancel.py"
+    script.write_text(textwrap.dedent(CANCEL_JOB.format(tests=str(Path(__file__).parent))))
+    proc = mpirun(ranks, [str(script)], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(ranks):
+        found = re.search(rf"rank {rank}: cancelled ([\d.]+) True", proc.stdout)
+        assert found, proc.stdout + proc.stderr[-2000:]
+        if rank == 0:  # (the others started their clock earlier)
+            assert float(found.group(1)) < 5.0, proc.stdout
+        assert f"rank {rank}: next 144" in proc.stdout, proc.stdout
