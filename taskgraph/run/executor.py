@@ -16,6 +16,9 @@ there is no central scheduler. The executor starts the threads and wires the par
 - :mod:`~taskgraph.run.transfers`: the network token and every MPI call of a run;
 - :mod:`~taskgraph.run.workers` and :mod:`~taskgraph.run.direct`: the worker loop, and
   tasks run the moment their tile lands;
+- :mod:`~taskgraph.run.dynamic` and :mod:`~taskgraph.run.steal`: calls that running
+  tasks spawn (``tg.spawn``), the pool workers help from while they wait, and the
+  stealing of those calls between ranks (only where the graph has plain functions);
 - :mod:`~taskgraph.run.outcome`: fail, abort, and every rank agreeing on the outcome;
 - :mod:`~taskgraph.run.tuning`: the numbers the loops run by.
 
