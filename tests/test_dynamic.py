@@ -122,6 +122,17 @@ def test_a_recursion_35_deep_completes(workers):
     assert run.stats.spawned == 35
 
 
+def test_a_recursion_deeper_than_one_stack_holds_fails_clearly_and_at_once():
+    """Past NEST_LIMIT calls nested on one worker, the waiting call fails with a
+    RecursionError naming the limit, which reaches the run (no hang, no stack blown)."""
+    from taskgraph.run.dynamic import NEST_LIMIT
+
+    with tg.Graph("too deep") as g:
+        chain(NEST_LIMIT + 100)
+    with pytest.raises(tg.TaskError, match=rf"nested {NEST_LIMIT} deep .* cannot wait for chain"):
+        run_in_process(g, 1)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_grandchild_exception_is_caught_by_its_grandparent(workers):
     with tg.Graph("catch") as g:

@@ -41,6 +41,10 @@ from ..core.errors import RemoteTraceback, RunError, TaskError
 
 PENDING, RUNNING, DONE, FAILED = range(4)
 
+# spawned calls nested on one worker's stack at most (each takes ~5 Python frames of
+# the interpreter's 1000): deeper, the waiting call fails with a clear error
+NEST_LIMIT = 150
+
 # per worker thread: (executor, worker index, the frames running on its stack)
 _tls = threading.local()
 
@@ -76,6 +80,10 @@ class Frame:
         self.name = name
         self.depth = depth
         self.children: list[SpawnFuture] = []
+
+    def label(self) -> str:
+        """A readable name of the task."""
+        return self.name
 
 
 class SpawnFuture(Frame):
@@ -148,6 +156,24 @@ class SpawnFuture(Frame):
     def __repr__(self) -> str:
         state = ("pending", "running", "done", "failed")[self.state]
         return f"<spawned {self.label()} {state}>"
+
+
+def _failure(item: SpawnFuture, exc: BaseException, net: Any) -> tuple:
+    """How ``item`` failed with ``exc``, as a SpawnedTaskError's arguments: the
+    traceback is the call's own, or, when a child's error went through, the failed
+    descendant's. A RecursionError that the formatting meets (the stack is nearly
+    full) leaves the type alone."""
+    try:
+        if isinstance(exc, SpawnedTaskError):  # a child's: its text, without the traceback
+            error, text = f"{type(exc).__name__}: {TaskError.__str__(exc)}", exc.traceback
+        else:  # (nor a cause's: each level would hold every level below it, twice)
+            error = f"{type(exc).__name__}: {exc}"
+            text = "".join(traceback.format_exception(exc, chain=False))
+        label = item.label()
+    except RecursionError:
+        error, text = type(exc).__name__, ""
+        label = item.name or getattr(item.fn, "__name__", "a spawned call")
+    return (label, net.rank, net.size, net.host, error, text)
 
 
 def _context(what: str) -> tuple:
@@ -240,6 +266,13 @@ class SpawnRunner:
         frames = ctx[2] if ctx is not None and ctx[0] is self else None
         depth = frames[-1].depth if frames else 0
         lock, pool = self.lock, self.spool
+        if frames is not None and len(frames) >= NEST_LIMIT and fut.state < DONE:
+            net = self.net
+            raise RecursionError(
+                f"spawned calls nested {len(frames)} deep on one worker of rank {net.rank}/"
+                f"{net.size} (at most {NEST_LIMIT}): {frames[-1].label()} cannot wait for "
+                f"{fut.label()}"
+            )
         with lock:
             while fut.state < DONE:
                 if self.stopping:
@@ -309,13 +342,17 @@ class SpawnRunner:
         """Record how the call ``item`` ended (its result goes back to the rank it was
         stolen from, if it was) and wake its waiters. Lock not held."""
         failure = None
-        if exc is not None:
-            net = self.net
-            text = "".join(traceback.format_exception(exc))
-            error = f"{type(exc).__name__}: {exc}"
-            failure = (item.label(), net.rank, net.size, net.host, error, text)
-        if item.remote is not None:
-            self.steal.queue_result(item, value, failure)
+        try:
+            if exc is not None:
+                failure = _failure(item, exc, self.net)
+            if item.remote is not None:
+                self.steal.queue_result(item, value, failure)
+        except BaseException as e:  # its waiter must hear of it, never hang
+            failure = failure or (item.name, self.net.rank, self.net.size, self.net.host,
+                                  f"{type(e).__name__} while it ended", "")  # fmt: skip
+            if not isinstance(e, Exception):
+                self.settle(item, None, exc, failure)
+                raise
         self.settle(item, value, exc, failure)
 
     def settle(self: Any, item: SpawnFuture, value: Any, exc, failure: tuple | None) -> None:
