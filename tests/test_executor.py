@@ -94,7 +94,9 @@ def test_a_run_freezes_the_collector_and_thaws_it_after():
     try:
         mine = gc.get_freeze_count()
         run_once()
-        assert gc.get_freeze_count() == mine
+        # still frozen (an unfreeze would give 0); a few frozen objects may be freed by
+        # the run, such as the earlier run the cluster kept
+        assert mine - 100 < gc.get_freeze_count() <= mine
     finally:
         gc.unfreeze()
 

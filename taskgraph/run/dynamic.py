@@ -87,7 +87,8 @@ class Frame:
 
 
 class SpawnFuture(Frame):
-    """The future of a spawned call, made by :func:`spawn`.
+    """The future of a spawned call ``fn(*args, **kwargs)``, made by :func:`spawn` in
+    the executor ``owner``, ``depth`` calls below the static task it descends from.
 
     Fields guarded by the executor's lock: ``state`` (PENDING, RUNNING, DONE, FAILED),
     ``value``, ``exc`` (the exception, where it ran here), ``failure`` (the error as
