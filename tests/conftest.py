@@ -68,6 +68,22 @@ def job_marker():
     assert_none_left(value)
 
 
+@contextlib.contextmanager
+def engines_marker(module=None):
+    """:func:`job_marker` for a test that starts engines itself, with ``module`` (a test
+    file, which the engines cannot import) pickled by value meanwhile."""
+    import cloudpickle
+
+    if module is not None:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        with job_marker() as value:
+            yield value
+    finally:
+        if module is not None:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
 def listening(proc) -> set[str]:
     """The TCP addresses a process (psutil.Process) listens on, as "ip:port"."""
     import psutil

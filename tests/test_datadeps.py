@@ -394,18 +394,9 @@ def test_the_loop_gives_the_sequential_result_in_a_job(run_cli, n):
 def test_on_engines_the_loop_is_right_and_a_later_graph_sees_earlier_writes():
     """A graph goes to the engines pickled, with its data: each handle comes back
     there as one handle, which the next graph on the same array finds again."""
-    import os
-    import uuid
+    from conftest import engines_marker
 
-    import cloudpickle
-    from conftest import assert_none_left
-
-    marker = uuid.uuid4().hex
-    old = os.environ.get("TASKGRAPH_TEST_JOB")
-    os.environ["TASKGRAPH_TEST_JOB"] = marker
-    this = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(this)  # (the engines cannot import this file)
-    try:
+    with engines_marker(sys.modules[__name__]):
         with tg.Cluster(n=2) as c:
             g, outs = graph_of_the_loop()
             c.run(g).wait()
@@ -420,13 +411,6 @@ def test_on_engines_the_loop_is_right_and_a_later_graph_sees_earlier_writes():
                 out = snapshot(tg.r(x))
             c.run(g2).wait()
             assert out.result().tolist() == [10.0, 10.0, 10.0]
-    finally:
-        cloudpickle.unregister_pickle_by_value(this)
-        if old is None:
-            del os.environ["TASKGRAPH_TEST_JOB"]
-        else:
-            os.environ["TASKGRAPH_TEST_JOB"] = old
-    assert_none_left(marker)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["ranks"]:

@@ -163,27 +163,11 @@ def engine_values(c, item) -> list:
 @pytest.mark.mpi
 @pytest.mark.timeout(150)
 def test_on_engines_the_notebook_holds_the_result_and_its_changes_are_seen():
-    import os
-    import uuid
+    from conftest import engines_marker
 
-    import cloudpickle
-    from conftest import assert_none_left
-
-    marker = uuid.uuid4().hex
-    old = os.environ.get("TASKGRAPH_TEST_JOB")
-    os.environ["TASKGRAPH_TEST_JOB"] = marker
-    this = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(this)  # (the engines cannot import this file)
-    try:
+    with engines_marker(sys.modules[__name__]):
         with tg.Cluster(n=2) as c:
             check_engines(c)
-    finally:
-        cloudpickle.unregister_pickle_by_value(this)
-        if old is None:
-            del os.environ["TASKGRAPH_TEST_JOB"]
-        else:
-            os.environ["TASKGRAPH_TEST_JOB"] = old
-    assert_none_left(marker)
 
 
 def check_engines(c) -> None:

@@ -238,18 +238,9 @@ def test_futures_in_containers_arrive_as_values_on_two_ranks(mpirun):
 def test_packed_calls_travel_to_the_engines_and_arrays_stay_read_only_there():
     """A graph goes to the engines pickled: the packed call and the read-only view
     must survive it (a pickled array comes back writeable)."""
-    import os
-    import uuid
+    from conftest import engines_marker
 
-    import cloudpickle
-    from conftest import assert_none_left
-
-    marker = uuid.uuid4().hex
-    old = os.environ.get("TASKGRAPH_TEST_JOB")
-    os.environ["TASKGRAPH_TEST_JOB"] = marker
-    this = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(this)  # (the engines cannot import this file)
-    try:
+    with engines_marker(sys.modules[__name__]):
         with tg.Cluster(n=2) as c:
             with tg.Graph() as g:
                 f = [leaf(i) for i in range(4)]
@@ -260,13 +251,6 @@ def test_packed_calls_travel_to_the_engines_and_arrays_stay_read_only_there():
                 write_into(np.zeros((2, 2)))
             with pytest.raises(tg.TaskError, match=r"write_into#0.*read-only constant"):
                 c.run(g2).wait()
-    finally:
-        cloudpickle.unregister_pickle_by_value(this)
-        if old is None:
-            del os.environ["TASKGRAPH_TEST_JOB"]
-        else:
-            os.environ["TASKGRAPH_TEST_JOB"] = old
-    assert_none_left(marker)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["ranks"]:

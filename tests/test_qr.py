@@ -210,15 +210,9 @@ if __name__ == "__main__":
 def test_qr_from_a_notebook_on_two_engines():
     """qr_workspace's T exists on the engines too (it once existed only in the notebook:
     'no matrix -2 in this process')."""
-    import os
-    import uuid
+    from conftest import engines_marker
 
-    from conftest import assert_none_left
-
-    marker = uuid.uuid4().hex
-    old = os.environ.get("TASKGRAPH_TEST_JOB")
-    os.environ["TASKGRAPH_TEST_JOB"] = marker
-    try:
+    with engines_marker():
         a = np.random.default_rng(3).standard_normal((70, 45))
         with tg.Cluster(n=2) as c:
             A = tg.TiledMatrix.from_numpy(c, a, tile=16)
@@ -227,9 +221,3 @@ def test_qr_from_a_notebook_on_two_engines():
             r = np.triu(A.gather())[:45]
         want = np.linalg.qr(a, mode="r")
         assert np.allclose(np.abs(r), np.abs(want), atol=1e-10)
-    finally:
-        if old is None:
-            del os.environ["TASKGRAPH_TEST_JOB"]
-        else:
-            os.environ["TASKGRAPH_TEST_JOB"] = old
-    assert_none_left(marker)
