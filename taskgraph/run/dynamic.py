@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..trace.events import TASK_DONE, TASK_FAILED
 
 PENDING, RUNNING, DONE, FAILED = range(4)
 
@@ -303,6 +304,7 @@ class SpawnRunner:
         frames.append(item)
         value: Any = None
         exc: BaseException | None = None
+        start = self.trace.clock()
         try:
             value = item.fn(*item.args, **item.kwargs)
         except BaseException as e:  # noqa: BLE001 - kept for the waiter
@@ -314,6 +316,9 @@ class SpawnRunner:
                 value, exc = None, e
         finally:
             frames.pop()
+        worker = _tls.ctx[1] if getattr(_tls, "ctx", None) is not None else 0
+        state = TASK_DONE if exc is None else TASK_FAILED
+        self.trace.spawned(worker, start, self.trace.clock(), item.label(), state)
         self.complete(item, value, exc)
         if exc is not None and not isinstance(exc, Exception):
             raise exc

@@ -32,6 +32,7 @@ The decisions (victim, back-off, termination) are pure and unit-tested
 
 from __future__ import annotations
 
+import bisect
 import random
 import time
 from typing import Any
@@ -161,6 +162,8 @@ class Stealer:
         self.stolen: dict[int, Any] = {}
         self._key = 0
         self.latencies: list[float] = []  # seconds from request to the task's arrival
+        self._sorted: list[float] = []  # the same, sorted (for the median in ex.stats)
+        ex.stats.steal_latency_median_us = 0.0
 
     def is_mine(self, tag: int) -> bool:
         """Whether a message of ``tag`` is a stealing one."""
@@ -186,6 +189,7 @@ class Stealer:
             self._send(src, REPLY, self._give(int(buf)))
         elif kind == REPLY:
             self.outstanding = None
+            self.ex.trace.looked(time.perf_counter() - self.asked_at)
             if buf:
                 self._take(bytes(buf), src)
                 return True
@@ -234,10 +238,14 @@ class Stealer:
         fut.name = label
         fut.remote = (victim, key)
         self.backoff.succeeded()
-        self.latencies.append(time.perf_counter() - self.asked_at)
+        now = time.perf_counter()
+        self.latencies.append(now - self.asked_at)
+        bisect.insort(self._sorted, now - self.asked_at)
+        ex.trace.stole(victim, label, self.asked_at, now)
         with ex.lock:
             ex.spool.append(fut)
             ex.stats.steals += 1
+            ex.stats.steal_latency_median_us = 1e6 * self._sorted[len(self._sorted) // 2]
             if ex.waiting:
                 ex.lock.notify()
             if ex.spawn_waiting:

@@ -13,6 +13,14 @@ knows who watches.
 
 Task rows:    task id, worker, start, end, state (1 done, 2 failed)
 Message rows: peer, bytes, tag, posted, completed, direction (+1 sent, -1 received)
+Spawned rows: worker, start, end, name, state: a call made by ``tg.spawn`` that ran here
+Steal rows:   victim, name, requested, arrived: a spawned call this rank stole
+              (latency = arrived - requested)
+
+Spawned and steal rows are not known from the plan: they are appended, one tuple per
+row (a single ``list.append``, atomic under the GIL, so any thread may record and a
+batch never sees half a row). A static graph records none. ``looking`` sums the
+seconds this rank had a steal request out (request to reply, found work or not).
 
 The executor stores raw ``time.perf_counter()`` readings (:attr:`Recorder.clock`, a
 builtin, so that no Python call sits on a task's path); :meth:`Recorder.batch` hands
@@ -73,6 +81,9 @@ class Recorder:
         self.msg_done = [0.0] * m
         self.msg_dir = [0] * m
         self.nmsgs = 0
+        self.spawn_rows: list[tuple[int, float, float, str, int]] = []
+        self.steal_rows: list[tuple[int, str, float, float]] = []
+        self.looking = 0.0
 
     def start(self) -> None:
         """Time zero: called right after the ranks leave a barrier, so they line up."""
@@ -123,11 +134,30 @@ class Recorder:
         self.msg_dir[i] = direction
         self.nmsgs = i + 1
 
-    def batch(self, cursor: tuple[int, int] = (0, 0)) -> tuple[dict, tuple[int, int]]:
-        """Events recorded since ``cursor``, as plain lists, and the new cursor."""
+    def spawned(self, worker: int, start: float, end: float, name: str, state: int) -> None:
+        """A spawned call ``name`` ran on ``worker`` (any thread); times from ``clock``."""
+        if self.enabled:
+            self.spawn_rows.append((worker, start, end, name, state))
+
+    def stole(self, victim: int, name: str, requested: float, arrived: float) -> None:
+        """This rank stole the call ``name`` from ``victim``: asked at ``requested``, it
+        arrived at ``arrived`` (both from ``clock``)."""
+        if self.enabled:
+            self.steal_rows.append((victim, name, requested, arrived))
+
+    def looked(self, seconds: float) -> None:
+        """A steal request of this rank was answered ``seconds`` after it was sent."""
+        self.looking += seconds
+
+    def batch(self, cursor: tuple = (0, 0)) -> tuple[dict, tuple]:
+        """Events recorded since ``cursor`` (the one the last batch returned; (0, 0) at
+        first), as plain lists, and the new cursor."""
         t, m = self.ntasks, self.nmsgs
-        ct, cm = cursor
+        ns, nk = len(self.spawn_rows), len(self.steal_rows)
+        ct, cm, cs, ck = (tuple(cursor) + (0, 0))[:4]
         t0 = self.t0
+        spawn = self.spawn_rows[cs:ns]
+        steal = self.steal_rows[ck:nk]
         events: dict[str, Any] = {
             "tasks": {
                 "id": self.task_id[ct:t],
@@ -144,6 +174,19 @@ class Recorder:
                 "done": [x - t0 for x in self.msg_done[cm:m]],
                 "dir": self.msg_dir[cm:m],
             },
+            "spawned": {
+                "worker": [r[0] for r in spawn],
+                "start": [r[1] - t0 for r in spawn],
+                "end": [r[2] - t0 for r in spawn],
+                "name": [r[3] for r in spawn],
+                "state": [r[4] for r in spawn],
+            },
+            "steals": {
+                "victim": [r[0] for r in steal],
+                "name": [r[1] for r in steal],
+                "requested": [r[2] - t0 for r in steal],
+                "arrived": [r[3] - t0 for r in steal],
+            },
         }
         out = {
             "rank": self.rank,
@@ -153,9 +196,10 @@ class Recorder:
             "waits": [list(w) for w in self.waits],
             "wall": self.wall or self.now(),
             "compile": self.compile_seconds,
+            "looking": self.looking,
             "events": events,
         }
-        return out, (t, m)
+        return out, (t, m, ns, nk)
 
 
 # -- the merged trace of a run -------------------------------------------------------
@@ -196,6 +240,9 @@ class Trace:
         self.preds = preds
         self.tasks: list[list] = []  # [rank, worker, start, end, kernel, task, state]
         self.messages: list[list] = []  # [src, dst, bytes, tag, posted, done]
+        self.spawned: list[list] = []  # [rank, worker, start, end, name, state]
+        self.steals: list[list] = []  # [thief, victim, name, requested, arrived]
+        self.looking = [0.0] * nranks  # seconds each rank had a steal request out
         self._half: dict[tuple, list] = {}  # one side of a message seen so far
         self.sent = np.zeros((nranks, nranks), np.int64)
         self.sent_count = np.zeros((nranks, nranks), np.int64)
@@ -239,6 +286,7 @@ class Trace:
         self.waits[rank] = batch["waits"]
         self.wall[rank] = batch["wall"]
         self.compile_seconds = max(self.compile_seconds, batch.get("compile", 0.0))
+        self.looking[rank] = batch.get("looking", 0.0)
         shift = self._shift(batch)
         # (not the batch's "elapsed": an engine counts from before it compiled kernels)
         self._end_of[rank] = batch["wall"] + shift
@@ -271,7 +319,27 @@ class Trace:
             row = [src, dst, nbytes, tag, send[0], recv[1]]
             msgs.append(row)
         self.messages += msgs
+        self._ingest_dynamic(rank, batch["events"], shift)
         return rows, msgs
+
+    def _ingest_dynamic(self, rank: int, events: dict, shift: float) -> None:
+        """The spawned calls and steals of ``rank``'s batch (none in a static run)."""
+        sp = events.get("spawned")
+        if sp:
+            self.spawned += [
+                [rank, w, s + shift, e + shift, name, st]
+                for w, s, e, name, st in zip(
+                    sp["worker"], sp["start"], sp["end"], sp["name"], sp["state"]
+                )
+            ]
+        st = events.get("steals")
+        if st:
+            self.steals += [
+                [rank, victim, name, req + shift, arr + shift]
+                for victim, name, req, arr in zip(
+                    st["victim"], st["name"], st["requested"], st["arrived"]
+                )
+            ]
 
     def _shift(self, batch: dict) -> float:
         """Seconds to add to a rank's times. Ranks on one host share its monotonic clock,
@@ -308,6 +376,14 @@ class Trace:
                 row[4] += delta
             if row[1] in on:
                 row[5] += delta
+        for row in self.spawned:
+            if row[0] in on:
+                row[2] += delta
+                row[3] += delta
+        for row in self.steals:  # (both times are the thief's)
+            if row[0] in on:
+                row[3] += delta
+                row[4] += delta
         for (src, dst, _), half in self._half.items():
             if (src if half[0] > 0 else dst) in on:
                 half[1] += delta
@@ -363,29 +439,66 @@ class Trace:
         ]
 
     def utilisation(self) -> list[dict]:
-        """Per rank, seconds (summed over workers) of compute, comm, idle, overhead."""
-        compute = [0.0] * self.nranks
-        for row in self.tasks:
-            compute[row[0]] += row[3] - row[2]
+        """Per rank, seconds (summed over workers) of compute, comm, stealing (looking
+        for work on other ranks), idle and overhead."""
+        compute = self._compute()
         out = []
         for r in range(self.nranks):
             workers = max(1, self.workers[r])
             wall = self.wall[r] * workers
             comm = float(sum(w[0] for w in self.waits[r]))
             idle = float(sum(w[1] for w in self.waits[r]))
-            overhead = max(0.0, wall - compute[r] - comm - idle)
-            wall = max(wall, compute[r] + comm + idle)
+            # a rank asks only when every worker waits: each idle through the request
+            stealing = min(idle, self.looking[r] * workers)
+            idle -= stealing
+            overhead = max(0.0, wall - compute[r] - comm - stealing - idle)
+            wall = max(wall, compute[r] + comm + stealing + idle)
             out.append(
                 {
                     "rank": r,
                     "compute": compute[r],
                     "comm": comm,
+                    "stealing": stealing,
                     "idle": idle,
                     "overhead": overhead,
                     "wall": wall,
                 }
             )
         return out
+
+    def _compute(self) -> list[float]:
+        """Per rank, seconds its workers ran tasks. Spawned calls run nested in the
+        task that waits for them, on its worker: a worker's busy time is the union of
+        its task and spawned rows, so that none counts twice."""
+        compute = [0.0] * self.nranks
+        if not self.spawned:  # tasks never overlap on a worker
+            for row in self.tasks:
+                compute[row[0]] += row[3] - row[2]
+            return compute
+        lanes: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        for rows in (self.tasks, self.spawned):
+            for row in rows:
+                lanes.setdefault((row[0], row[1]), []).append((row[2], row[3]))
+        for (rank, _), spans in lanes.items():
+            end = float("-inf")
+            for s, e in sorted(spans):
+                if e > end:
+                    compute[rank] += e - max(s, end)
+                    end = e
+        return compute
+
+    def dynamic(self) -> dict:
+        """Spawned calls that ran (and failed), steals, and the steals' median latency
+        (seconds from request to the call's arrival; 0.0 with none)."""
+        lat = sorted(row[4] - row[3] for row in self.steals)
+        n = len(lat)
+        median = 0.0 if not n else (lat[n // 2] if n % 2 else (lat[n // 2 - 1] + lat[n // 2]) / 2)
+        return {
+            "spawned": len(self.spawned),
+            "spawned_failed": sum(1 for row in self.spawned if row[5] == TASK_FAILED),
+            "steals": n,
+            "steal_latency_median": median,
+        }
 
     def progress(self) -> dict:
         """Tasks done of all, the rate, elapsed and remaining seconds, and per kernel."""
@@ -422,6 +535,7 @@ class Trace:
             "util": self.utilisation(),
             "critical": self.critical,
             "makespan": self.makespan,
+            "dynamic": self.dynamic(),
         }
 
     def event_rows(self, tasks: list[list], msgs: list[list]) -> dict:
@@ -459,6 +573,7 @@ class Trace:
             "bytes": self.sent.tolist(),
             "messages": self.sent_count.tolist(),
             "utilisation": util,
+            **self.dynamic(),
         }
 
     # -- files ----------------------------------------------------------------------------
@@ -491,6 +606,9 @@ class Trace:
             "elapsed": self.elapsed,
             "compile_seconds": self.compile_seconds,
             "critical": self.critical,
+            "spawned": self.spawned,
+            "steals": self.steals,
+            "looking": self.looking,
         }
 
     @classmethod
@@ -508,6 +626,8 @@ class Trace:
             t.status, t.error, t.elapsed = d["status"], d["error"], d["elapsed"]
             t.critical = d["critical"]
             t.compile_seconds = d.get("compile_seconds", 0.0)  # (older files have none)
+            t.spawned, t.steals = d.get("spawned", []), d.get("steals", [])
+            t.looking = d.get("looking", [0.0] * t.nranks)
             for row in t.tasks:
                 if row[6] == TASK_DONE:
                     t.kernel_done[row[4]] += 1
