@@ -202,3 +202,14 @@ def test_two_ranks_merge_spawned_rows_and_steals_on_rank_0(mpirun, tmp_path):
     assert steals == len(m["steals"])
     assert re.search(r"^static 2 0 0$", proc.stdout, re.M), proc.stdout
     assert time.monotonic() - t0 < 100
+
+
+def test_the_view_state_and_report_carry_the_steal_counts(tmp_path):
+    trace = Trace("t", 2, [], [], [])
+    for b in recorded_batches():
+        trace.ingest(b)
+    state = trace.state()
+    assert state["dynamic"]["steals"] == 2 and state["dynamic"]["spawned"] == 2
+    assert state["util"][1]["stealing"] > 0
+    text = Path(trace.to_html(tmp_path / "r.html")).read_text()
+    assert '"steal_latency_median"' in text and "dynamicText" in text

@@ -21,7 +21,8 @@
 //               lane); legend and a `.tg-critical` caption below.
 //   matrix      `<table class="tg-matrix">` bytes/messages sent, row = sender,
 //               column = receiver, heat-shaded; cells with bytes > 0 are `.tg-nonzero`.
-//   utilisation per rank a stacked `.tg-util` bar: compute / comm wait / idle / overhead.
+//   utilisation per rank a stacked `.tg-util` bar: compute / comm wait / stealing / idle /
+//   overhead.
 //
 // Timeline data and speed (20,000+ tasks): task rows go into growable typed arrays
 // (start, end, kernel, id, state, lane; labels in a plain array). Each lane keeps the
@@ -43,9 +44,16 @@ const FAILED_FILL = "#111111", FAILED_LINE = "#e00000", CRIT_LINE = "#d4a000";
 const AXIS_H = 22; // px of time axis above the lanes
 const SEGMENTS = [ // utilisation parts: key, legend text, colour
   ["compute", "compute", "#4e79a7"], ["comm", "waiting on communication", "#f28e2b"],
+  ["stealing", "looking for work (stealing)", "#edc948"],
   ["idle", "idle", "#d0d4da"], ["overhead", "runtime overhead", "#b07aa1"]];
 
 // ---------------------------------------------------------------- formatting helpers
+
+function dynamicText(d) { // spawned calls and steals: shown only where a run had them
+  if (!d || !(d.spawned || d.steals)) return "";
+  return ` · ${d.spawned} spawned · ${d.steals} steals` +
+    (d.steals ? ` (median latency ${fmtTime(d.steal_latency_median)})` : "");
+}
 
 function fmtTime(s, digits = 2) { // digits: decimals of seconds (more for exact times)
   if (s == null || !isFinite(s)) return "—";
@@ -232,7 +240,7 @@ function render({ model, el }) {
     // compiling kernels happens before the run: shown apart, never in "elapsed"
     stats.textContent = `${(p.rate || 0).toFixed(1)} tasks/s · elapsed ${fmtTime(p.elapsed || 0)}` +
       (p.compile > 0 ? ` (+ ${fmtTime(p.compile)} compiling kernels before)` : "") +
-      ` · ETA ${p.eta == null ? "—" : fmtTime(p.eta)}`;
+      ` · ETA ${p.eta == null ? "—" : fmtTime(p.eta)}` + dynamicText(state.dynamic);
     errorBox.textContent = st === "failed" ? (state.error || "failed") : "";
     errorBox.style.display = st === "failed" ? "" : "none";
     emptyBox.textContent = st === "empty" ? "empty graph: nothing to run" : "";
