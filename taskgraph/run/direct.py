@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from ..dsl.tasks import Ref
 from ..plan.planner import Message
-from ..trace.events import TASK_DONE, TASK_FAILED
+from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import comm as commlib
 from .schedstate import WAITING
 

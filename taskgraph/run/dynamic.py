@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
-from ..trace.events import TASK_DONE, TASK_FAILED
+from ..trace.recorder import TASK_DONE, TASK_FAILED
 
 PENDING, RUNNING, DONE, FAILED = range(4)
 

@@ -44,7 +44,7 @@ import numpy as np
 from ..core.errors import RunError
 from ..dsl.graph import Graph
 from ..plan.planner import RankPlan
-from ..trace.events import TASK_FAILED, Recorder
+from ..trace.recorder import TASK_FAILED, Recorder
 from . import comm as commlib
 from .buffers import BufferPool, Stats, gc_frozen
 from .direct import DirectPath, direct_task

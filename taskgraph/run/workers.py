@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..dsl.tasks import Ref
-from ..trace.events import TASK_DONE, TASK_FAILED
+from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import comm as commlib
 from . import dynamic
 from .direct import Staged
