@@ -50,6 +50,9 @@ _unsettled: list[EngineRun] = []
 _settling = threading.RLock()  # (a live view may ask for a run's state from its thread)
 
 
+_LARGEST = ("seconds", "peak_sends", "steal_latency_median_us")  # (not summed over engines)
+
+
 class EngineRun(RunHandle):
     """A graph running on the engines; returned at once by :meth:`EngineCluster.run`.
 
@@ -311,13 +314,14 @@ class EngineRun(RunHandle):
 
     @property
     def stats(self) -> Stats:
-        """What the run did, over every engine: counts summed, ``seconds`` and
-        ``peak_sends`` the largest; zeros until the run ends."""
+        """What the run did, over every engine: counts summed; ``seconds``,
+        ``peak_sends`` and ``steal_latency_median_us`` the largest; zeros until the run
+        ends."""
         total = Stats()
         for summary in self.summaries or ():
             for name, value in summary["stats"].items():
-                mine = getattr(total, name)
-                both = max(mine, value) if name in ("seconds", "peak_sends") else mine + value
+                mine = getattr(total, name, 0)
+                both = max(mine, value) if name in _LARGEST else mine + value
                 setattr(total, name, both)
         return total
 

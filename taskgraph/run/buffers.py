@@ -88,6 +88,7 @@ class Stats:
         self.direct = 0  # tasks run the moment their message landed (taskgraph.run.direct)
         self.spawned = 0  # calls spawned by tasks here (taskgraph.run.dynamic)
         self.steals = 0  # spawned calls this rank took from another
+        self.steal_latency_median_us = 0.0  # request to arrival (taskgraph.run.steal)
         self.seconds = 0.0
 
     def as_dict(self) -> dict:
