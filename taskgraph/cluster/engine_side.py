@@ -31,7 +31,7 @@ from collections import OrderedDict
 
 import cloudpickle
 
-from ..core.errors import TaskgraphError
+from ..core.errors import RunError, TaskgraphError
 from ..core.files import shm_files
 from ..dsl.tiled import TiledMatrix
 from .handle import RunHandle
@@ -175,16 +175,30 @@ def _keep(run_id: str, run) -> None:
 
 
 def _watch(run, publish, interval: float) -> None:
-    """Publish ``run``'s heartbeat and batches until it ends, then its summary."""
+    """Publish ``run``'s heartbeat and batches until it ends, then its summary; a
+    summary always, even if this thread fails (the notebook waits for it)."""
     seq, cursor = 0, (0, 0)
-    t0 = time.perf_counter()
-    next_batch = 0.0
-    while not run.join(min(interval, 0.05)):
-        if time.perf_counter() >= next_batch:
-            next_batch = time.perf_counter() + interval
-            seq, cursor = _publish_batch(publish, run, seq, cursor, t0)
-    seq, cursor = _publish_batch(publish, run, seq, cursor, t0, final=True)
-    summary = _summary(run, seq)
+    try:
+        t0 = time.perf_counter()
+        next_batch = 0.0
+        while not run.join(min(interval, 0.05)):
+            if time.perf_counter() >= next_batch:
+                next_batch = time.perf_counter() + interval
+                seq, cursor = _publish_batch(publish, run, seq, cursor, t0)
+        seq, cursor = _publish_batch(publish, run, seq, cursor, t0, final=True)
+        summary = _summary(run, seq)
+    except BaseException as exc:  # noqa: BLE001 - a bug here: the notebook must hear of it
+        run.join()
+        summary = {
+            "rank": current_cluster().rank,
+            "seconds": 0.0,
+            "compile_seconds": 0.0,
+            "stats": {},
+            "values": [],
+            "error": RunError(f"the run's watcher on this engine failed: {exc!r}"),
+            "data": None,
+            "batches": seq,
+        }
     if publish is not None:
         try:
             publish({"summary": summary})
