@@ -13,6 +13,7 @@ tg.Cluster().run(g).wait()
 
 from . import teach
 from .cluster import Cluster, JobCluster, Run, compile_kernels, current_cluster
+from .cluster.submit import EngineFuture, as_completed
 from .core.errors import (
     GraphError,
     NotPositiveDefiniteError,
@@ -38,6 +39,7 @@ __all__ = [
     "Access",
     "Cluster",
     "Data",
+    "EngineFuture",
     "JobCluster",
     "Future",
     "Graph",
@@ -61,6 +63,7 @@ __all__ = [
     "TiledVector",
     "Trace",
     "TraceError",
+    "as_completed",
     "compile_kernels",
     "current_cluster",
     "kernel",

@@ -48,6 +48,7 @@ from ..run.comm import World, world
 from ..run.executor import BufferPool
 from .base import Cluster
 from .jobrun import IdleRun, Run, compile_kernels, runs_in_flight
+from .submit import ensemble_graph
 
 FETCH_TIMEOUT = 120.0  # seconds a rank waits for another's value in future.result()
 
@@ -154,13 +155,14 @@ class JobCluster(Cluster, kind="job"):
 
     def run(
         self,
-        graph: Graph,
+        graph: Graph | None = None,
         *,
         workers: int | None = None,
         blas_threads: int | None = None,
         plan: Plan | None = None,
         trace: bool = True,
         task_timeout: float | None = None,
+        open: bool = False,
     ) -> Run | IdleRun:
         """Plan ``graph`` and start running it; returns a :class:`Run` at once.
 
@@ -171,8 +173,15 @@ class JobCluster(Cluster, kind="job"):
         the cluster's); ``plan``: a plan made before (default: made now, on every
         rank); ``trace``: record events (on by default: it is cheap); ``task_timeout``:
         seconds any task may run, unless the task has a ``timeout`` of its own. On a
-        rank outside this cluster: an :class:`IdleRun`.
+        rank outside this cluster: an :class:`IdleRun`. ``open``: the run takes
+        ``run.submit(fn, *args)`` calls until ``run.close()`` or ``run.wait()``
+        (:mod:`taskgraph.cluster.submit`); ``graph`` may then be left out (a run of
+        submitted calls only). A submitted call's value is on the rank that submitted it.
         """
+        if graph is None:
+            if not open:
+                raise RunError("cluster.run() needs a graph, unless open=True")
+            graph = ensemble_graph()
         if not self.member:
             return IdleRun(self, graph, plan)
         if self.world is None:
@@ -185,6 +194,7 @@ class JobCluster(Cluster, kind="job"):
             plan,
             trace,
             task_timeout,
+            open,
         )
 
     def compile(self, dtypes=("float64", "float32")) -> float:

@@ -53,6 +53,7 @@ from ..run.comm import (
     wait_written,
     wire,
 )
+from ..run.dynamic import SpawnFuture
 from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
 from .handle import RunHandle
@@ -223,6 +224,7 @@ class Run(RunHandle):
     plan : a plan made already (None: planned here).
     trace : record events.
     task_timeout : seconds any task may run unless it has a ``timeout`` of its own.
+    open : the run takes :meth:`submit` calls until :meth:`close` (or ``wait()``).
     """
 
     def __init__(
@@ -234,6 +236,7 @@ class Run(RunHandle):
         plan: Plan | None = None,
         trace: bool = True,
         task_timeout: float | None = None,
+        open: bool = False,
     ):
         assert cluster.world is not None and cluster.rank is not None  # (a member's)
         super().__init__(cluster, graph, plan)
@@ -242,6 +245,8 @@ class Run(RunHandle):
         self.workers = workers
         self.blas_threads = blas_threads
         self.task_timeout = task_timeout
+        self.open = open
+        self._closed = not open  # (under _lock) no more submitted calls
         self.rank_plan = self.plan.for_rank(cluster.rank)
         self.world.runs += 1
         self.id = self.world.runs  # (the same on every rank of the world: SPMD)
@@ -308,6 +313,8 @@ class Run(RunHandle):
             ex = self._executor_for(net)
             with self._lock:
                 self._executor, reason = ex, self._cancel_reason
+                if self.open and self._closed:  # closed before it started
+                    ex.close_submissions()
             self._started.set()
             if reason is not None:
                 ex.cancel(reason)
@@ -351,7 +358,7 @@ class Run(RunHandle):
         self.data_values = {d: item.value for d, item in items.items()}
 
     def _executor_for(self, net) -> Executor:
-        extra = {} if self.task_timeout is None else {"task_timeout": self.task_timeout}
+        extra: dict = {} if self.task_timeout is None else {"task_timeout": self.task_timeout}
         return Executor(
             self.graph,
             self.rank_plan,
@@ -360,6 +367,7 @@ class Run(RunHandle):
             self._pool,
             self.tracing,
             compile_seconds=self.compile_seconds,  # (traced apart from the run's time)
+            open=self.open,
             **extra,
         )
 
@@ -396,7 +404,9 @@ class Run(RunHandle):
 
     @property
     def trace(self) -> Trace:
-        """The run's events, merged over every rank on rank 0 (this rank's elsewhere)."""
+        """The run's events, merged over every rank on rank 0 (this rank's elsewhere);
+        waits for the run to end (an open run is closed first)."""
+        self.close()
         self.join()
         if self._trace is None:
             trace = Trace.for_graph(self.graph, self.cluster.size)
@@ -436,9 +446,40 @@ class Run(RunHandle):
         """This rank's executor once the run has started (None before)."""
         return self._executor
 
+    def submit(self, fn, *args, **kwargs) -> SpawnFuture:
+        """Add the call ``fn(*args, **kwargs)`` to the running run; its future, at once.
+
+        The call goes to this rank's pool of spawned work as a call of no task: an idle
+        rank may steal it (where the graph has plain ``@tg.task`` functions), and its
+        value comes back here: ``fut.result()`` on this rank only (see
+        :func:`taskgraph.as_completed`). A failed call fails its future, not the run.
+        A queued run: waits until it starts. RunError once the run has ended, or was
+        closed (:meth:`close`); a run made with ``open=True`` goes on until closed."""
+        self._started.wait()
+        with self._lock:
+            ex, closed = self._executor, self._closed and self.open
+        if ex is None or self._finished.is_set() or closed:
+            what = "was closed" if closed and not self._finished.is_set() else "has ended"
+            raise RunError(
+                f"run {self.graph.name!r} {what} on rank {self.world.rank}/"
+                f"{self.world.size}: {getattr(fn, '__name__', repr(fn))} not submitted"
+            )
+        return ex.submit(fn, args, kwargs)
+
+    def close(self) -> None:
+        """No more :meth:`submit` calls: an open run ends once its tasks and the calls
+        submitted have ended. Any thread, any number of times; ``wait()`` closes too."""
+        with self._lock:
+            self._closed = True
+            ex = self._executor
+        if ex is not None:
+            ex.close_submissions()
+
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends (a queued run: starts and ends); raise its error if
-        it failed on any rank; TimeoutError if it is still going after ``timeout`` s."""
+        it failed on any rank; TimeoutError if it is still going after ``timeout`` s.
+        An open run is closed first (:meth:`close`)."""
+        self.close()
         try:
             self.join(timeout)
         except KeyboardInterrupt:
@@ -517,6 +558,17 @@ class IdleRun(RunHandle):
 
     def cancel(self, reason: str | None = None) -> None:
         """Nothing runs here: nothing to stop."""
+
+    def submit(self, fn, *args, **kwargs):
+        """RunError: nothing runs on this rank (submit on the cluster's ranks)."""
+        raise RunError(
+            f"rank {self.cluster.job.rank} is not one of the {self.cluster.size} rank(s) of "
+            f"this cluster, so run {self.graph.name!r} takes no calls here: submit on "
+            f"ranks 0..{self.cluster.size - 1}"
+        )
+
+    def close(self) -> None:
+        """Nothing runs here: nothing to close."""
 
     def progress(self) -> tuple[int, int]:
         """(0, 0): no task runs here."""

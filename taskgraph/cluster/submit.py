@@ -1,0 +1,299 @@
+"""Calls added to a running run from outside its tasks: ``run.submit`` and
+:func:`as_completed`.
+
+A run made with ``cluster.run(g, open=True)`` (``g`` may be left out: a run of
+submitted calls only) takes ``run.submit(fn, *args, **kwargs)`` until ``run.close()``;
+``run.wait()`` closes it, then waits for its tasks and every submitted call. A run made
+without ``open=True`` takes calls while it still goes, and raises RunError once it has
+ended. Each call enters the executor's pool of spawned work as a call of no task
+(:meth:`~taskgraph.run.dynamic.SpawnRunner.submit`): it may be stolen by an idle rank,
+and its value comes back to the rank it was submitted on. A failed call fails its
+future only (a :class:`~taskgraph.run.dynamic.SpawnedTaskError` naming the call, its
+rank and traceback); the run goes on::
+
+    batch (every rank runs the script)        notebook (EngineCluster)
+    ──────────────────────────────────        ────────────────────────────────────────
+    rank 0: run.submit ─► SpawnFuture         run.submit ─► EngineFuture, at once
+            (this rank's executor)              │ apply(submit_calls) to the engines in
+    other ranks: steal it when idle             ▼ turn (round-robin)
+    every rank: run.wait()                    engine: Inbox ─► run.submit (the executor's
+                                                pool); its run's watcher publishes each
+                                                ended call (``s<key>``) under the run's
+                                                request, before the run's summary
+                                              client: the future reads it from there
+
+An :class:`EngineFuture` ends with its value, its call's error, or RunError when the
+run's summary arrives without it (the run failed or was cancelled) or an engine is
+lost: every wait has a way out. :func:`as_completed` yields futures of either kind as
+they end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..dsl.graph import Graph, task
+from ..run.dynamic import DONE, FAILED, SpawnFuture
+
+POLL_MIN, POLL_MAX = 0.001, 0.02  # seconds between looks at futures that have not ended
+
+
+@task
+def ensemble_start():
+    """The one task of a run of submitted calls only: a plain function, so that the
+    run's spawned calls may be stolen between ranks (see :func:`ensemble_graph`)."""
+    return None
+
+
+def ensemble_graph(name: str = "ensemble") -> Graph:
+    """The graph of a run made without one (``cluster.run(open=True)``): one tiny
+    ``@tg.task`` call, since only a graph with plain functions steals spawned work."""
+    with Graph(name) as g:
+        ensemble_start()
+    return g
+
+
+def _done(fut: Any) -> bool:
+    return bool(fut.done())
+
+
+def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
+    """Yield ``futures`` as they end, in the order they end (those ended already first).
+
+    ``futures``: SpawnFutures (``run.submit`` in a batch job, ``tg.spawn``) and
+    EngineFutures (``run.submit`` in a notebook), mixed as you like; the set is fixed
+    when called (call it again on a new batch). ``timeout``: seconds for all of them,
+    then TimeoutError naming how many have not ended. A future that failed is yielded
+    too: its ``result()`` raises."""
+    pending = list(dict.fromkeys(futures))  # (each once, in order)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    sleep = POLL_MIN
+    while pending:
+        ended = [f for f in pending if _done(f)]
+        if ended:
+            sleep = POLL_MIN
+            for f in ended:
+                pending.remove(f)
+                yield f
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"{len(pending)} of the futures have not ended after {timeout} s "
+                f"(the first: {pending[0]!r})"
+            )
+        pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
+        time.sleep(pause)
+        sleep = min(POLL_MAX, sleep * 2)
+
+
+# -- the client's side of a run on engines ---------------------------------------------
+
+
+class EngineFuture:
+    """The future of ``run.submit(fn, ...)`` on a run on engines, in the notebook.
+
+    ``label``: the call, readable; ``rank``: the engine it was submitted to (its value
+    comes back from there, wherever it ran); ``key``: its name under the run's request.
+    States: pending, then done (a value) or failed (an exception): set once, by
+    whichever thread looks first, under a lock."""
+
+    def __init__(self, run: Any, key: str, rank: int, label: str, sent: Any):
+        self.run = run
+        self.key = key
+        self.rank = rank
+        self.label = label
+        self._sent = sent  # the AsyncResult of the request that submitted it
+        self._lock = threading.Lock()
+        self._ended = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._ended else ("failed" if self._error else "done")
+        return f"<submitted {self.label} to rank {self.rank}: {state}>"
+
+    def done(self) -> bool:
+        """Whether the call has ended (well or not), or can no longer end."""
+        if not self._ended:
+            self._look()
+        return self._ended
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's value once it has ended. Raises its error (a TaskError naming
+        the call, its rank and the remote traceback), RunError if the run ended
+        without it (failed, cancelled) or an engine was lost, TimeoutError after
+        ``timeout`` seconds (the call goes on)."""
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The call's error once it has ended (None if it ended well); as
+        :meth:`result` for ``timeout``."""
+        self._wait(timeout)
+        return self._error
+
+    def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sleep = POLL_MIN
+        while not self.done():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.label} (run {self.run.graph.name!r}) has not ended after {timeout} s")
+            time.sleep(sleep)
+            sleep = min(POLL_MAX, sleep * 2)
+
+    def _end(self, value: Any, error: BaseException | None) -> None:
+        with self._lock:
+            if not self._ended:
+                self._value, self._error, self._ended = value, error, True
+
+    def _look(self) -> None:
+        """One look, without waiting: the published outcome, a failed submission, the
+        run's end without it, a lost engine."""
+        data = self.run._data_of(self.rank)
+        outcome = data.get(self.key)
+        if outcome is not None:
+            self._end(*_outcome(outcome))
+            return
+        problem = self._submission_problem()
+        if problem is not None:
+            self._end(None, problem)
+            return
+        if "summary" in data:  # (published after every outcome: none will come)
+            outcome = data.get(self.key)
+            if outcome is not None:
+                self._end(*_outcome(outcome))
+                return
+            self._end(None, self.run._ended_without(self.label))
+            return
+        if not self.run.cluster.alive():
+            self._end(None, RunError(self.run.cluster._dead_message()))
+
+    def _submission_problem(self) -> BaseException | None:
+        """The error of the request that submitted the call, if it failed."""
+        sent = self._sent
+        if not sent.ready():
+            return None
+        try:
+            refused = sent.get()
+        except Exception as exc:  # noqa: BLE001 - the engine function failed: the future's error
+            return RunError(f"{self.label} could not be submitted to rank {self.rank}: {exc}")
+        error = refused.get(self.key) if isinstance(refused, dict) else None
+        return error
+
+
+def _outcome(outcome: tuple) -> tuple[Any, BaseException | None]:
+    """(value, error) from what an engine published: ``("ok", value)`` or
+    ``("err", error)``; a TaskError gets its remote traceback as its cause."""
+    kind, payload = outcome
+    if kind == "ok":
+        return payload, None
+    if isinstance(payload, TaskError) and payload.traceback:
+        payload.__cause__ = RemoteTraceback(payload.traceback)
+    return None, payload
+
+
+# -- the engine's side -----------------------------------------------------------------
+
+
+class Inbox:
+    """An engine's submitted calls of one run: taken by :meth:`submit` (the engine's
+    main thread, never blocking), handed to the run once its executor exists and their
+    outcomes taken for publication by :meth:`flush` (the run's watcher thread).
+
+    Guarded by ``lock``: ``waiting`` (key, fn, args, kwargs) not given to the run yet,
+    ``futures`` (key -> SpawnFuture) given and not published, ``closing``."""
+
+    def __init__(self, run: Any):
+        self.run = run
+        self.lock = threading.Lock()
+        self.waiting: list[tuple] = []
+        self.futures: dict[str, SpawnFuture] = {}
+        self.closing = False
+
+    def submit(self, calls: list[tuple]) -> dict[str, BaseException]:
+        """Take ``calls`` ((key, fn, args, kwargs) each); the errors of those refused, by
+        key (RunError: the run has ended or is closed)."""
+        refused: dict[str, BaseException] = {}
+        with self.lock:
+            if self.closing:
+                for key, fn, *_ in calls:
+                    refused[key] = RunError(
+                        f"run {self.run.graph.name!r} is closed: {_name(fn)} not submitted"
+                    )
+                return refused
+            self.waiting += calls
+        self.hand_over(refused)
+        return refused
+
+    def close(self) -> None:
+        """No more calls: the run is closed once those taken are handed over."""
+        with self.lock:
+            self.closing = True
+        self.hand_over()
+
+    def hand_over(self, refused: dict | None = None) -> None:
+        """The calls waiting, to the run, once it has an executor; then, if closing,
+        close the run. ``refused`` collects the errors of calls the run refused (else
+        they are published)."""
+        if self.run.executor is None and not self.run.done():
+            return
+        with self.lock:
+            calls, self.waiting = self.waiting, []
+            closing = self.closing
+        for key, fn, args, kwargs in calls:
+            try:
+                fut = self.run.submit(fn, *args, **kwargs)
+            except RunError as exc:
+                if refused is not None:
+                    refused[key] = exc
+                    continue
+                fut = _failed(exc)
+            with self.lock:
+                self.futures[key] = fut
+        if closing:
+            self.run.close()
+
+    def outstanding(self) -> bool:
+        """Whether some calls have not been published yet."""
+        return bool(self.futures or self.waiting)
+
+    def ended(self) -> dict[str, tuple]:
+        """The outcomes of the calls that ended since the last call, taken out:
+        ``("ok", value)`` or ``("err", SpawnedTaskError)``, by key."""
+        with self.lock:
+            keys = [k for k, f in self.futures.items() if f.state >= DONE]
+            futs = [self.futures.pop(k) for k in keys]
+        out = {}
+        for key, fut in zip(keys, futs):
+            if fut.state == FAILED:
+                out[key] = ("err", fut.error() if fut.failure is not None else fut.exc)
+            else:
+                out[key] = ("ok", fut.value)
+        return out
+
+
+class _Refused:
+    """A call the run refused after it was taken: ended, failed with ``exc``."""
+
+    state = FAILED
+    failure = None
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _failed(exc: BaseException) -> Any:
+    return _Refused(exc)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", None) or repr(fn)
+
+
+__all__ = ["EngineFuture", "Inbox", "as_completed", "ensemble_graph"]
