@@ -1,0 +1,113 @@
+"""Spawned tasks on 2 real ipyparallel engines, run from the client: a recursive fib
+exact with steals between the engines, a grandchild's error caught by its grandparent
+(also when it ran on the other engine), and an uncaught one that fails the run naming
+the task and the rank, after which the next run works."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+import time
+
+import psutil
+import pytest
+
+import taskgraph as tg
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from conftest import engines_marker
+
+    with engines_marker(sys.modules[__name__]), tg.Cluster(n=2) as c:
+        yield c
+    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    left = [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def serial_fib(n: int) -> int:
+    return n if n < 2 else serial_fib(n - 1) + serial_fib(n - 2)
+
+
+@tg.task
+def fib(n: int, cutoff: int, delay: float) -> int:
+    """fib(n) by spawns down to ``cutoff``; each leaf naps up to ``delay`` s (seeded)."""
+    if n < cutoff:
+        time.sleep(random.Random(n).random() * delay)
+        return serial_fib(n)
+    a = tg.spawn(fib, n - 1, cutoff, delay)
+    b = tg.spawn(fib, n - 2, cutoff, delay)
+    return a.result() + b.result()
+
+
+def nap(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def fail_at_bottom(x: int) -> int:
+    raise ValueError(f"bad leaf {x}")
+
+
+def middle(x: int, delay: float) -> int:
+    below = tg.spawn(fail_at_bottom, x)
+    tg.spawn(nap, delay).result()  # meanwhile the other engine may steal ``below``
+    return below.result()  # not caught here
+
+
+@tg.task
+def grandparent(x: int, delay: float) -> str:
+    try:
+        tg.spawn(middle, x, delay).result()
+    except tg.TaskError as exc:
+        return "caught " + " ".join(str(exc).split())
+    return "not raised"
+
+
+@tg.task
+def asks_child(x: int) -> int:
+    return tg.spawn(middle, x, 0.0).result()
+
+
+def test_a_recursive_fib_is_exact_and_the_engines_steal(engines):
+    with tg.Graph("fib") as g:
+        f = fib(18, 10, 0.003)
+    run = engines.run(g, workers=1)
+    assert run.result(f) == serial_fib(18) == 2584
+    assert run.stats.spawned > 50
+    assert run.stats.steals > 0 and run.trace.steals, "the idle engine stole nothing"
+    for thief, victim, name, _req, _arr in run.trace.steals:
+        assert thief != victim and name.startswith("fib("), run.trace.steals
+
+
+def test_a_grandchild_error_is_caught_by_its_grandparent_on_engines(engines):
+    with tg.Graph("catch") as g:
+        gp = grandparent(6, 0.3)  # alone: the other engine is idle, and steals
+    run = engines.run(g, workers=1)
+    text = run.result(gp)
+    found = re.match(
+        r"caught task middle\(6, 0.3\) on rank (\d)/2 .* "
+        r"task fail_at_bottom\(6\) on rank (\d)/2 .*ValueError: bad leaf 6",
+        text,
+    )
+    assert found, text
+    assert found.group(1) != found.group(2), f"the grandchild was not stolen: {text}"
+    assert "Traceback" in text and "in fail_at_bottom" in text, text
+
+
+def test_an_uncaught_spawned_error_fails_the_run_and_the_next_run_works(engines):
+    with tg.Graph("uncaught") as g:
+        asks_child(4)
+    run = engines.run(g, workers=1)
+    with pytest.raises(tg.TaskError) as info:
+        run.wait(60)
+    text = str(info.value)
+    assert re.search(r"asks_child#0\(4\) on rank \d/2", text), text
+    assert re.search(r"fail_at_bottom\(4\) on rank \d/2", text), text
+    assert "ValueError: bad leaf 4" in text, text
+    with tg.Graph("next") as g2:
+        f = fib(14, 8, 0.0)
+    assert engines.run(g2).result(f) == 377
