@@ -143,6 +143,8 @@ class Trace:
     def _ingest_dynamic(self, rank: int, events: dict, shift: float) -> None:
         """The spawned calls and steals of ``rank``'s batch (none in a static run)."""
         sp = events.get("spawned")
+        if sp and sp["name"] and self.status == "empty":  # calls submitted to an empty graph
+            self.status = "running"
         if sp:
             self.spawned += [
                 [rank, w, s + shift, e + shift, name, st]
@@ -215,7 +217,7 @@ class Trace:
         """The run ended (well, or with ``error``): settle status and critical path."""
         if error is not None:
             self.status, self.error = "failed", error
-        elif self.labels:
+        elif self.labels or self.spawned:
             self.status = "done"
         self.critical = self._critical_path()
 
@@ -356,13 +358,21 @@ class Trace:
             "dynamic": self.dynamic(),
         }
 
-    def event_rows(self, tasks: list[list], msgs: list[list]) -> dict:
+    def event_rows(
+        self,
+        tasks: list[list],
+        msgs: list[list],
+        spawned: list[list] | None = None,
+        steals: list[list] | None = None,
+    ) -> dict:
         """``tasks`` (task rows) and ``msgs`` (message rows), as :meth:`ingest` returns
-        them, in the protocol's event message form."""
+        them, and ``spawned`` and ``steals`` (rows of :attr:`spawned` and :attr:`steals`),
+        in the protocol's event message form. The dynamic keys appear only with rows, so
+        a static run's messages stay as they were."""
         lane_of = {}
         for i, lane in enumerate(self.lanes()):
             lane_of[lane["rank"], lane["worker"]] = i
-        return {
+        out: dict[str, Any] = {
             "kind": "events",
             "tasks": [
                 [lane_of.get((r, w), 0), s, e, k, t, st, self.labels[t]]
@@ -370,6 +380,13 @@ class Trace:
             ],
             "messages": [[s, d, t0, t1, b] for s, d, b, _tag, t0, t1 in msgs],
         }
+        if spawned:
+            out["spawned"] = [
+                [lane_of.get((r, w), 0), s, e, st, name] for r, w, s, e, name, st in spawned
+            ]
+        if steals:  # ranks, not lanes: a steal goes between ranks, as a message does
+            out["steals"] = [list(row) for row in steals]
+        return out
 
     def summary(self) -> dict:
         """The figures of the run, as data."""

@@ -44,7 +44,8 @@ def static_file(name: str) -> str:
 
 
 def report_html(trace) -> str:
-    data = {"state": trace.state(), "events": [trace.event_rows(trace.tasks, trace.messages)]}
+    rows = trace.event_rows(trace.tasks, trace.messages, trace.spawned, trace.steals)
+    data = {"state": trace.state(), "events": [rows]}
     text = json.dumps(data).replace("</", "<\\/")  # safe inside a script element
     return PAGE.substitute(
         title=html.escape(trace.title),

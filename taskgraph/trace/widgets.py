@@ -88,14 +88,17 @@ class RunView(anywidget.AnyWidget):
             rows: list[list] = []
             msgs: list[list] = []
             rebased = self.trace.rebased
+            nspawned, nsteals = len(self.trace.spawned), len(self.trace.steals)
             for batch in self.run.batches():
                 new_rows, new_msgs = self.trace.ingest(batch)
                 rows += new_rows
                 msgs += new_msgs
+            spawned = self.trace.spawned[nspawned:]
+            steals = self.trace.steals[nsteals:]
             if self.trace.rebased != rebased:  # rows already drawn moved: draw all again
                 self._replay()
-            elif rows or msgs:
-                self.send(self.trace.event_rows(rows, msgs))
+            elif rows or msgs or spawned or steals:
+                self.send(self.trace.event_rows(rows, msgs, spawned, steals))
             self.state = self.trace.state()
             self.updates += 1
         self.cost_seconds += time.perf_counter() - t0
@@ -112,8 +115,9 @@ class RunView(anywidget.AnyWidget):
                 self.state = self.trace.state()
             return
         with self._lock:
-            complete = len(final.tasks) == len(self.trace.tasks) and len(final.messages) == len(
-                self.trace.messages
+            complete = all(
+                len(getattr(final, rows)) == len(getattr(self.trace, rows))
+                for rows in ("tasks", "messages", "spawned", "steals")
             )
             self.trace = final
             if not complete:  # e.g. a batch job's view saw only rank 0 while it ran
@@ -130,9 +134,18 @@ class RunView(anywidget.AnyWidget):
 
     def _replay(self) -> None:
         self.send({"kind": "reset"})
-        tasks, msgs = self.trace.tasks, self.trace.messages
-        for i in range(0, max(len(tasks), 1), CHUNK):
-            self.send(self.trace.event_rows(tasks[i : i + CHUNK], msgs if i == 0 else []))
+        tr = self.trace
+        tasks, spawned = tr.tasks, tr.spawned
+        for i in range(0, max(len(tasks), len(spawned), 1), CHUNK):
+            first = i == 0
+            self.send(
+                tr.event_rows(
+                    tasks[i : i + CHUNK],
+                    tr.messages if first else [],
+                    spawned[i : i + CHUNK],
+                    tr.steals if first else None,
+                )
+            )
 
     def wait(self, timeout: float | None = None) -> RunView:
         """Until the view has caught up with the end of the run."""

@@ -18,7 +18,11 @@
 //               coloured by kernel (failed: black with red outline), critical-path
 //               tasks outlined in gold and joined by a gold line, messages as thin
 //               arrows from (posted, sender's first lane) to (done, receiver's first
-//               lane); legend and a `.tg-critical` caption below.
+//               lane); legend and a `.tg-critical` caption below. Dynamic runs: spawned
+//               calls in the lower part of their lane (over the waiting task), steals
+//               as purple arrows from (requested, victim's first lane) to (arrived,
+//               thief's first lane); the canvas's data-steals / data-spawned count
+//               what is drawn.
 //   matrix      `<table class="tg-matrix">` bytes/messages sent, row = sender,
 //               column = receiver, heat-shaded; cells with bytes > 0 are `.tg-nonzero`.
 //   utilisation per rank a stacked `.tg-util` bar: compute / comm wait / stealing / idle /
@@ -41,6 +45,8 @@
 const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
   "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#17becf", "#8c564b"];
 const FAILED_FILL = "#111111", FAILED_LINE = "#e00000", CRIT_LINE = "#d4a000";
+const STEAL_LINE = "#8250df"; // steals: victim's lane -> thief's lane
+const SPAWN_TOP = 0.4; // spawned calls fill the lower part of a lane, under their parent task
 const AXIS_H = 22; // px of time axis above the lanes
 const SEGMENTS = [ // utilisation parts: key, legend text, colour
   ["compute", "compute", "#4e79a7"], ["comm", "waiting on communication", "#f28e2b"],
@@ -128,6 +134,8 @@ class Store {
     this.byId = new Map(); // task id -> row
     this.maxEnd = 0;
     this.msgs = []; // flat: src, dst, t0, t1, bytes, ...
+    this.steals = []; // flat: thief, victim, requested, arrived, ...
+    this.stealNames = [];
   }
 
   lane(i) {
@@ -136,14 +144,28 @@ class Store {
   }
 
   add(msg) {
-    const tasks = msg.tasks || [], touched = new Set();
+    this.addRows(msg.tasks || []);
+    for (const m of msg.messages || []) {
+      this.msgs.push(m[0], m[1], m[2], m[3], m[4]);
+      if (m[3] > this.maxEnd) this.maxEnd = m[3];
+    }
+    for (const [thief, victim, name, req, arr] of msg.steals || []) {
+      this.steals.push(thief, victim, req, arr);
+      this.stealNames.push(name);
+      if (arr > this.maxEnd) this.maxEnd = arr;
+    }
+  }
+
+  // bars [lane, start, end, colour index, task id (-1: none), state, label]
+  addRows(tasks) {
+    const touched = new Set();
     const need = this.n + tasks.length;
     for (const k of ["start", "end", "kern", "tid", "st", "laneOf"]) this[k] = grow(this[k], need);
     for (const row of tasks) {
       const [lane, s, e, k, id, state, label] = row, i = this.n++;
       this.start[i] = s; this.end[i] = e; this.kern[i] = k; this.tid[i] = id;
       this.st[i] = state; this.laneOf[i] = lane; this.labels[i] = label;
-      this.byId.set(id, i);
+      if (id >= 0) this.byId.set(id, i);
       if (e > this.maxEnd) this.maxEnd = e;
       const L = this.lane(lane);
       if (L.n + 1 > L.idx.length) { L.idx = grow(L.idx, L.n + 1); L.s = grow(L.s, L.n + 1); }
@@ -156,11 +178,71 @@ class Store {
       const idx = L.idx.subarray(0, L.n).sort((a, b) => S[a] - S[b]);
       for (let j = 0; j < L.n; j++) L.s[j] = S[idx[j]];
     }
-    for (const m of msg.messages || []) {
-      this.msgs.push(m[0], m[1], m[2], m[3], m[4]);
-      if (m[3] > this.maxEnd) this.maxEnd = m[3];
-    }
   }
+}
+
+// Paint the bars of `st` visible in [x0, x1]: per lane, the window by binary search,
+// sub-pixel runs merged; `top`/`bh`: the bars' offset in a lane and height; `crit`
+// (or null) collects critical-path rows; `edge`: a white line above each bar (spawned
+// calls, drawn over their parent). Returns how many rows were in the window.
+function paintBars(ctx, st, g, top, bh, crit, critSet, edge) {
+  const { x0, x1, sc, W, laneH } = g;
+  const S = st.start, E = st.end, K = st.kern, ST = st.st, failed = [];
+  const buckets = PALETTE.map(() => []); // rects (x, y, w) per colour: one fillStyle each
+  let shown = 0;
+  for (let li = 0; li < st.lanes.length; li++) {
+    const L = st.lanes[li], y = AXIS_H + li * laneH + top;
+    let j = lowerBound(L.s, L.n, x0 - L.maxDur);
+    let rx0 = 0, rx1 = -1, rc = -1; // the pending run
+    for (; j < L.n; j++) {
+      const i = L.idx[j];
+      if (S[i] > x1) break;
+      if (E[i] < x0) continue;
+      shown++;
+      if (crit && critSet.size && critSet.has(st.tid[i])) crit.push(i);
+      if (ST[i] === 2) { failed.push(i); continue; }
+      let a = (S[i] - x0) * sc, b = (E[i] - x0) * sc;
+      if (a < 0) a = 0;
+      if (b > W) b = W;
+      const c = K[i] % PALETTE.length, narrow = b - a < 2;
+      if (c === rc && a <= rx1 + 0.75 && (narrow || rx1 - rx0 < 2)) { if (b > rx1) rx1 = b; continue; }
+      if (b - a < 1 && b <= Math.ceil(rx1)) continue; // its pixel is already painted
+      if (rc >= 0) buckets[rc].push(rx0, y, rx1 - rx0);
+      rx0 = a; rc = c;
+      rx1 = b - a >= 3 ? b - 1 : b; // a 1 px gap between wide neighbours
+    }
+    if (rc >= 0) buckets[rc].push(rx0, y, rx1 - rx0);
+  }
+  buckets.forEach((rects, c) => {
+    for (let r = 0; r < rects.length; r += 3) {
+      const w = Math.max(1, rects[r + 2]);
+      if (edge) { ctx.fillStyle = "#ffffff"; ctx.fillRect(rects[r], rects[r + 1] - 1, w, 1); }
+      ctx.fillStyle = PALETTE[c]; ctx.fillRect(rects[r], rects[r + 1], w, bh);
+    }
+  });
+  for (const i of failed) {
+    const y = AXIS_H + st.laneOf[i] * laneH + top;
+    const a = (S[i] - x0) * sc, w = Math.max(3, (E[i] - S[i]) * sc);
+    ctx.fillStyle = FAILED_FILL; ctx.fillRect(a, y, w, bh);
+    ctx.strokeStyle = FAILED_LINE; ctx.lineWidth = 1.5; ctx.strokeRect(a + 0.75, y + 0.75, w - 1.5, bh - 1.5);
+  }
+  return shown;
+}
+
+function arrow(ctx, ax, ay, bx, by) { // a line with its head at (bx, by), into the current path
+  ctx.moveTo(ax, ay); ctx.lineTo(bx, by);
+  const dx = bx - ax, dy = by - ay, len = Math.hypot(dx, dy);
+  if (len > 10) {
+    const ux = dx / len, uy = dy / len;
+    ctx.moveTo(bx - 6 * ux - 3 * uy, by - 6 * uy + 3 * ux); ctx.lineTo(bx, by);
+    ctx.lineTo(bx - 6 * ux + 3 * uy, by - 6 * uy - 3 * ux);
+  }
+}
+
+function segDist(px, py, [ax, ay, bx, by]) { // pixels from (px, py) to a segment
+  const dx = bx - ax, dy = by - ay, l2 = dx * dx + dy * dy;
+  const t = l2 > 0 ? Math.max(0, Math.min(1, ((px - ax) * dx + (py - ay) * dy) / l2)) : 0;
+  return Math.hypot(px - ax - t * dx, py - ay - t * dy);
 }
 
 // ---------------------------------------------------------------- the view
@@ -168,6 +250,8 @@ class Store {
 function render({ model, el }) {
   let state = model.get("state") || {};
   const store = new Store();
+  const spawns = new Store(); // spawned calls: bars in the lower part of their lane
+  const spawnKinds = new Map(); // a spawned function's name -> its colour after the kernels'
   let view = null; // null: automatic x window; else {x0, x1} seconds
   let laneH = 22, width = 600, frame = null, lanesKey = "", showMsgs = true;
   let critSet = new Set();
@@ -273,8 +357,18 @@ function render({ model, el }) {
 
   function laneList() { // state lanes, plus any lane that events name beyond them
     const lanes = (state.lanes || []).slice();
-    for (let i = lanes.length; i < store.lanes.length; i++) lanes.push({ rank: -1, worker: -1, label: "lane " + i });
+    const n = Math.max(store.lanes.length, spawns.lanes.length);
+    for (let i = lanes.length; i < n; i++) lanes.push({ rank: -1, worker: -1, label: "lane " + i });
     return lanes;
+  }
+
+  function spawnRows(rows) { // [lane, start, end, state, name] -> bars, coloured by function
+    const base = (state.kernels || []).length;
+    return rows.map(([lane, s, e, st, name]) => {
+      const fn = String(name).split("(")[0];
+      if (!spawnKinds.has(fn)) spawnKinds.set(fn, spawnKinds.size);
+      return [lane, s, e, base + spawnKinds.get(fn), -1, st, name];
+    });
   }
 
   function renderLanes() {
@@ -310,6 +404,17 @@ function render({ model, el }) {
     cb.onchange = () => { showMsgs = cb.checked; schedule(); };
     m.append(cb, document.createTextNode("messages"));
     legend.append(f, c, m);
+    const base = (state.kernels || []).length;
+    for (const [fn, j] of spawnKinds) { // only where a run spawned calls
+      const sp = swatch(kernelColour(base + j), fn + " (spawned)", "tg-legend-spawned");
+      sp.firstChild.style.height = "6px";
+      legend.append(sp);
+    }
+    if (store.steals.length) {
+      const st = swatch(STEAL_LINE, "steal (victim → thief)", "tg-legend-steal");
+      st.firstChild.style.height = "2px";
+      legend.append(st);
+    }
   }
 
   function renderCritical() {
@@ -373,13 +478,13 @@ function render({ model, el }) {
 
   // ------------------------------------------------------------ canvas timeline
 
-  function extent() { return Math.max(state.makespan || 0, store.maxEnd, 1e-9); }
+  function extent() { return Math.max(state.makespan || 0, store.maxEnd, spawns.maxEnd, 1e-9); }
   function win() {
     if (view) return view;
     const e = extent();
     return { x0: 0, x1: e > 1e-9 ? e * 1.01 : 1 };
   }
-  function nLanes() { return Math.max(1, (state.lanes || []).length, store.lanes.length); }
+  function nLanes() { return Math.max(1, (state.lanes || []).length, store.lanes.length, spawns.lanes.length); }
 
   function resize() {
     const w = Math.max(100, Math.floor(canvasWrap.clientWidth || 600));
@@ -402,6 +507,16 @@ function render({ model, el }) {
     const m = new Map();
     (state.lanes || []).forEach((ln, i) => { if (!m.has(ln.rank)) m.set(ln.rank, i); });
     return m;
+  }
+
+  function spawnTop(bh) { return Math.round(bh * SPAWN_TOP); }
+
+  // the steal at flat index k as [ax, ay, bx, by] px, or null when not in [x0, x1]
+  function stealLine(k, first, x0, x1, sc) {
+    const T = store.steals, req = T[k + 2], arr = T[k + 3];
+    const lt = first.get(T[k]), lv = first.get(T[k + 1]);
+    if (arr < x0 || req > x1 || lt === undefined || lv === undefined) return null;
+    return [(req - x0) * sc, AXIS_H + (lv + 0.5) * laneH, (arr - x0) * sc, AXIS_H + (lt + 0.5) * laneH];
   }
 
   function draw() {
@@ -431,43 +546,12 @@ function render({ model, el }) {
       ctx.fillText(tickLabel(t, step), x + 3, AXIS_H / 2 - 1);
     }
     ctx.fillStyle = "#9aa1ab"; ctx.fillRect(0, AXIS_H - 1, W, 1);
-    // bars: per lane, visible window by binary search, sub-pixel runs merged
-    const S = store.start, E = store.end, K = store.kern, ST = store.st;
-    const pad = laneH >= 14 ? 2 : 1, failed = [], crit = [];
-    const buckets = PALETTE.map(() => []); // rects (x, y, w) per colour: one fillStyle each
-    for (let li = 0; li < store.lanes.length; li++) {
-      const L = store.lanes[li], y = AXIS_H + li * laneH + pad;
-      let j = lowerBound(L.s, L.n, x0 - L.maxDur);
-      let rx0 = 0, rx1 = -1, rc = -1; // the pending run
-      for (; j < L.n; j++) {
-        const i = L.idx[j];
-        if (S[i] > x1) break;
-        if (E[i] < x0) continue;
-        if (critSet.size && critSet.has(store.tid[i])) crit.push(i);
-        if (ST[i] === 2) { failed.push(i); continue; }
-        let a = (S[i] - x0) * sc, b = (E[i] - x0) * sc;
-        if (a < 0) a = 0;
-        if (b > W) b = W;
-        const c = K[i] % PALETTE.length, narrow = b - a < 2;
-        if (c === rc && a <= rx1 + 0.75 && (narrow || rx1 - rx0 < 2)) { if (b > rx1) rx1 = b; continue; }
-        if (b - a < 1 && b <= Math.ceil(rx1)) continue; // its pixel is already painted
-        if (rc >= 0) buckets[rc].push(rx0, y, rx1 - rx0);
-        rx0 = a; rc = c;
-        rx1 = b - a >= 3 ? b - 1 : b; // a 1 px gap between wide neighbours
-      }
-      if (rc >= 0) buckets[rc].push(rx0, y, rx1 - rx0);
-    }
-    const bh = laneH - 2 * pad;
-    buckets.forEach((rects, c) => {
-      ctx.fillStyle = PALETTE[c];
-      for (let r = 0; r < rects.length; r += 3) ctx.fillRect(rects[r], rects[r + 1], Math.max(1, rects[r + 2]), bh);
-    });
-    for (const i of failed) {
-      const y = AXIS_H + store.laneOf[i] * laneH + pad;
-      const a = (S[i] - x0) * sc, w = Math.max(3, (E[i] - S[i]) * sc);
-      ctx.fillStyle = FAILED_FILL; ctx.fillRect(a, y, w, bh);
-      ctx.strokeStyle = FAILED_LINE; ctx.lineWidth = 1.5; ctx.strokeRect(a + 0.75, y + 0.75, w - 1.5, bh - 1.5);
-    }
+    // bars: tasks fill their lane, spawned calls its lower part (over their parent task)
+    const S = store.start, E = store.end;
+    const pad = laneH >= 14 ? 2 : 1, bh = laneH - 2 * pad, crit = [], sub = spawnTop(bh);
+    const g = { x0, x1, sc, W, laneH };
+    paintBars(ctx, store, g, pad, bh, crit, critSet, false);
+    const nSpawned = spawns.n ? paintBars(ctx, spawns, g, pad + sub, bh - sub, null, critSet, true) : 0;
     // critical path: gold outlines, joined end -> start in path order
     if (crit.length) {
       ctx.strokeStyle = CRIT_LINE; ctx.lineWidth = 2;
@@ -486,27 +570,32 @@ function render({ model, el }) {
       ctx.stroke();
     }
     // messages: one path of thin arrows, only those overlapping the window
-    const msgs = store.msgs;
+    const msgs = store.msgs, first = firstLaneOfRank();
     if (showMsgs && msgs.length) {
-      const first = firstLaneOfRank();
       ctx.strokeStyle = "rgba(40, 44, 52, 0.45)"; ctx.lineWidth = 1; ctx.beginPath();
       for (let m = 0; m < msgs.length; m += 5) {
         const t0 = msgs[m + 2], t1 = msgs[m + 3];
         if (t1 < x0 || t0 > x1) continue;
         const ls = first.get(msgs[m]), ld = first.get(msgs[m + 1]);
         if (ls === undefined || ld === undefined) continue;
-        const ax = (t0 - x0) * sc, ay = AXIS_H + (ls + 0.5) * laneH;
-        const bx = (t1 - x0) * sc, by = AXIS_H + (ld + 0.5) * laneH;
-        ctx.moveTo(ax, ay); ctx.lineTo(bx, by);
-        const dx = bx - ax, dy = by - ay, len = Math.hypot(dx, dy);
-        if (len > 10) { // arrow head at the receiver
-          const ux = dx / len, uy = dy / len;
-          ctx.moveTo(bx - 6 * ux - 3 * uy, by - 6 * uy + 3 * ux); ctx.lineTo(bx, by);
-          ctx.lineTo(bx - 6 * ux + 3 * uy, by - 6 * uy - 3 * ux);
-        }
+        arrow(ctx, (t0 - x0) * sc, AXIS_H + (ls + 0.5) * laneH, (t1 - x0) * sc, AXIS_H + (ld + 0.5) * laneH);
       }
       ctx.stroke();
     }
+    // steals: from (request, the victim's first lane) to (arrival, the thief's first lane)
+    let nSteals = 0;
+    if (store.steals.length) {
+      ctx.strokeStyle = STEAL_LINE; ctx.lineWidth = 1.5; ctx.beginPath();
+      for (let k = 0; k < store.steals.length; k += 4) {
+        const ln = stealLine(k, first, x0, x1, sc);
+        if (!ln) continue;
+        arrow(ctx, ...ln);
+        nSteals++;
+      }
+      ctx.stroke();
+    }
+    canvas.dataset.steals = nSteals; // what is drawn, for a reader and for tests
+    canvas.dataset.spawned = nSpawned;
     if (hoverPx) showTooltip(hoverPx.x, hoverPx.y);
   }
 
@@ -519,11 +608,11 @@ function render({ model, el }) {
 
   // ------------------------------------------------------------ interaction
 
-  function pick(px, py) { // the task under (px, py), or -1
+  function pick(st, px, py) { // the row of `st` under (px, py), or -1
     const li = Math.floor((py - AXIS_H) / laneH);
-    if (li < 0 || li >= store.lanes.length) return -1;
-    const L = store.lanes[li], { x0, x1 } = win(), sc = width / (x1 - x0);
-    const t = x0 + px / sc, tol = 3 / sc, S = store.start, E = store.end;
+    if (li < 0 || li >= st.lanes.length) return -1;
+    const L = st.lanes[li], { x0, x1 } = win(), sc = width / (x1 - x0);
+    const t = x0 + px / sc, tol = 3 / sc, S = st.start, E = st.end;
     let j = lowerBound(L.s, L.n, t + tol) - 1, best = -1, bestD = Infinity;
     for (; j >= 0 && L.s[j] >= t - tol - L.maxDur; j--) {
       const i = L.idx[j];
@@ -534,18 +623,57 @@ function render({ model, el }) {
     return best;
   }
 
-  function showTooltip(px, py) {
-    const i = pick(px, py);
-    if (i < 0) { tooltip.style.display = "none"; return; }
-    const lanes = laneList(), li = store.laneOf[i], kn = (state.kernels || [])[store.kern[i]];
-    tooltip.textContent = "";
-    tooltip.append(h("div", "tg-tip-title", store.labels[i] || "task " + store.tid[i]));
+  function pickSteal(px, py) { // flat index of the steal line within 5 px, or -1
+    if (!store.steals.length) return -1;
+    const { x0, x1 } = win(), sc = width / (x1 - x0), first = firstLaneOfRank();
+    let best = -1, bestD = 5;
+    for (let k = 0; k < store.steals.length; k += 4) {
+      const ln = stealLine(k, first, x0, x1, sc), d = ln ? segDist(px, py, ln) : Infinity;
+      if (d < bestD) { bestD = d; best = k; }
+    }
+    return best;
+  }
+
+  function stealTip(k) {
+    const T = store.steals, lat = T[k + 3] - T[k + 2];
+    return ["steal: " + store.stealNames[k / 4], [
+      `rank ${T[k]} (thief) took it from rank ${T[k + 1]} (victim)`,
+      `latency ${(lat * 1e6).toFixed(1)} µs, request to arrival`,
+      `requested ${fmtTime(T[k + 2], 4)} · arrived ${fmtTime(T[k + 3], 4)}`]];
+  }
+
+  function barTip(st, i) {
+    const lanes = laneList(), li = st.laneOf[i];
     const lines = [(lanes[li] || {}).label || "lane " + li,
-      `start ${fmtTime(store.start[i], 4)} · duration ${fmtTime(store.end[i] - store.start[i], 3)}`];
-    if (kn != null) lines.push("kernel " + kn);
-    if (store.st[i] === 2) lines.push("FAILED");
-    if (critSet.has(store.tid[i])) lines.push("on the critical path");
-    for (const l of lines) tooltip.append(h("div", null, l));
+      `start ${fmtTime(st.start[i], 4)} · duration ${fmtTime(st.end[i] - st.start[i], 3)}`];
+    if (st === spawns) lines.push("spawned call");
+    else {
+      const kn = (state.kernels || [])[st.kern[i]];
+      if (kn != null) lines.push("kernel " + kn);
+    }
+    if (st.st[i] === 2) lines.push("FAILED");
+    if (st === store && critSet.has(st.tid[i])) lines.push("on the critical path");
+    return [st.labels[i] || "task " + st.tid[i], lines];
+  }
+
+  function hit(px, py) { // [title, lines] of what is under (px, py), or null
+    const k = pickSteal(px, py);
+    if (k >= 0) return stealTip(k);
+    const pad = laneH >= 14 ? 2 : 1, inLane = (py - AXIS_H) - Math.floor((py - AXIS_H) / laneH) * laneH;
+    const lower = inLane >= pad + spawnTop(laneH - 2 * pad);
+    for (const st of lower ? [spawns, store] : [store, spawns]) {
+      const i = st.n ? pick(st, px, py) : -1;
+      if (i >= 0) return barTip(st, i);
+    }
+    return null;
+  }
+
+  function showTooltip(px, py) {
+    const got = hit(px, py);
+    if (!got) { tooltip.style.display = "none"; return; }
+    tooltip.textContent = "";
+    tooltip.append(h("div", "tg-tip-title", got[0]));
+    for (const l of got[1]) tooltip.append(h("div", null, l));
     tooltip.style.display = "block";
     const tw = tooltip.offsetWidth || 200;
     tooltip.style.left = Math.min(px + 14, Math.max(0, width - tw - 4)) + "px";
@@ -605,10 +733,15 @@ function render({ model, el }) {
   const onState = () => { state = model.get("state") || {}; renderState(); };
   const onMsg = (msg) => {
     if (!msg || typeof msg !== "object") return;
-    if (msg.kind === "reset") { store.clear(); view = null; }
-    else if (msg.kind === "events") store.add(msg);
-    else return;
-    if (store.lanes.length > (state.lanes || []).length || msg.kind === "reset") renderLanes();
+    const kinds = spawnKinds.size, steals = store.steals.length;
+    if (msg.kind === "reset") { store.clear(); spawns.clear(); spawnKinds.clear(); view = null; }
+    else if (msg.kind === "events") {
+      store.add(msg);
+      if (msg.spawned) spawns.addRows(spawnRows(msg.spawned));
+    } else return;
+    const lanes = Math.max(store.lanes.length, spawns.lanes.length);
+    if (lanes > (state.lanes || []).length || msg.kind === "reset") renderLanes();
+    if (spawnKinds.size !== kinds || (steals === 0) !== (store.steals.length === 0)) renderLegend();
     schedule();
   };
   model.on("change:state", onState);
