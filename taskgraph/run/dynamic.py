@@ -107,6 +107,7 @@ class SpawnFuture(Frame):
         "pinned",
         "remote",
         "state",
+        "submitted",
         "value",
     )
 
@@ -123,6 +124,7 @@ class SpawnFuture(Frame):
         self.observed = False
         self.pinned = False  # it cannot be pickled: never stolen
         self.remote: tuple[int, int] | None = None  # stolen from (rank, key): result goes there
+        self.submitted = False  # from outside the run's tasks (Executor.submit): no parent
 
     def label(self) -> str:
         """A readable name of the call: ``fib(19)``."""
@@ -241,7 +243,8 @@ class SpawnRunner:
     """The executor's spawned-task methods (a mixin of
     :class:`~taskgraph.run.executor.Executor`). Its fields, guarded by ``lock``:
     ``spool`` (the deque of PENDING spawned calls), ``spawn_waiting`` (threads in
-    ``spawn_cv.wait``), ``wait_depths`` (the depths they wait in); ``spawn_cv``
+    ``spawn_cv.wait``), ``wait_depths`` (the depths they wait in), ``accepting``
+    (submitted calls are taken), ``submitted_left`` (those not ended); ``spawn_cv``
     shares ``lock``'s lock; ``_frames``: each worker's frame stack (its own thread
     only)."""
 
@@ -259,7 +262,43 @@ class SpawnRunner:
                 self.lock.notify()
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
+        steal = self.steal
+        if steal is not None and steal.hungry:  # a rank waits to be offered work
+            self.wake.set()
         return fut
+
+    def submit(self: Any, fn: Callable, args: tuple, kwargs: dict) -> SpawnFuture:
+        """A call from outside the run's tasks (the notebook's ``run.submit``), into the
+        pool as a child of no task (it may be stolen); its future. Any thread; the run
+        does not end on this rank before it has ended. RunError once the run stops or
+        no longer takes calls (see :meth:`close_submissions`)."""
+        fut = SpawnFuture(self, getattr(fn, "fn", fn), args, kwargs, 1)
+        fut.submitted = True
+        with self.lock:
+            if self.stopping or self.failure is not None:
+                raise RunError(f"run {self.graph.name!r} has stopped: {fut.label()} not submitted")
+            if not self.accepting and self.sched.done == self.sched.ntasks:
+                raise RunError(
+                    f"run {self.graph.name!r} has ended on rank {self.net.rank}: "
+                    f"{fut.label()} not submitted (make the run with open=True to add "
+                    "calls until it is closed)"
+                )
+            self.spool.append(fut)
+            self.submitted_left += 1
+            self.stats.spawned += 1
+            if self.waiting:
+                self.lock.notify()
+            if self.spawn_waiting:
+                self.spawn_cv.notify_all()
+        self.wake.set()  # (the progress thread may be idle, and this rank a victim)
+        return fut
+
+    def close_submissions(self: Any) -> None:
+        """The run takes no more submitted calls: it ends once they and its tasks have
+        ended. Any thread, any number of times."""
+        with self.lock:
+            self.accepting = False
+        self.wake.set()
 
     def wait_for(self: Any, fut: SpawnFuture) -> None:
         """Until ``fut`` ends: on a worker of this run, run spawned calls deeper than
@@ -282,7 +321,10 @@ class SpawnRunner:
                         f"run {self.graph.name!r} stopped on rank {self.net.rank}/"
                         f"{self.net.size} while waiting for {fut.label()}"
                     )
-                item = take_deeper(pool, depth) if frames is not None else None
+                if frames is None:  # not a worker of this run (the notebook's thread)
+                    self.spawn_cv.wait(0.1)
+                    continue
+                item = take_deeper(pool, depth)
                 if item is None:
                     self.spawn_waiting += 1
                     self.wait_depths.append(depth)  # (what a thief here may take)
@@ -373,6 +415,12 @@ class SpawnRunner:
                 item.state = FAILED
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
+            if item.submitted:
+                item.observed = True  # (its error is the submitter's to see: the run goes on)
+                self.submitted_left -= 1
+                self.spawn_cv.notify_all()  # (a thread outside the run may wait in result())
+                if not self.submitted_left:
+                    self.wake.set()
 
     def run_spawned_idle(self: Any, index: int) -> bool:
         """An idle worker runs the oldest spawned call (nearest the root: the most

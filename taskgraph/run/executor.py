@@ -46,12 +46,13 @@ from ..dsl.graph import Graph
 from ..plan.planner import RankPlan
 from ..trace.recorder import TASK_FAILED, Recorder
 from . import comm as commlib
+from . import doorbell
 from .buffers import BufferPool, Stats, gc_frozen
 from .direct import DirectPath, direct_task
 from .dynamic import SpawnRunner
 from .outcome import Failure, OutcomeProtocol
 from .schedstate import DONE, FAILED, READY, RUNNING, WAITING, SchedState, State
-from .steal import Stealer
+from .steal import Stealer, idle_depth
 from .transfers import Transfers, _take
 from .tuning import (
     SHORT_KERNEL,
@@ -137,6 +138,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         trace: bool = True,
         task_timeout: float | None = None,
         compile_seconds: float = 0.0,
+        open: bool = False,
     ):
         """``graph`` and ``plan``: what to run (this rank's share); ``network``: this
         run's communicator; ``workers``: worker threads; ``pool``: receive buffers kept
@@ -144,7 +146,9 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         unless its function has a ``timeout`` of its own (None: no limit). A task past
         its limit fails the run with a TaskError naming it, on every rank; its thread is
         interrupted and abandoned (see :func:`interrupt_thread`). ``compile_seconds``:
-        the time spent compiling kernels before the run, traced apart from its time."""
+        the time spent compiling kernels before the run, traced apart from its time.
+        ``open``: the run takes calls from outside its tasks (:meth:`submit`) and does
+        not end before :meth:`close_submissions`."""
         self.graph = graph
         self.plan = plan
         self.net = network
@@ -171,8 +175,10 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.spool: deque = deque()  # spawned calls not started yet (oldest first)
         self.spawn_waiting = 0
         self.wait_depths: list[int] = []
+        self.accepting = open
+        self.submitted_left = 0
         self._frames: list[list] = [[] for _ in range(self.nworkers)]
-        self.wake = threading.Event()  # workers -> progress thread
+        self.wake: threading.Event | doorbell.Doorbell = threading.Event()  # workers -> progress
         self.pollers = 0
         self.waiting = 0
         self.sched = SchedState({t: plan.waits[t] for t in plan.tasks}, plan.priority)
@@ -229,6 +235,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.steal: Stealer | None = None
         if network.size > 1 and graph._values:
             self.steal = self.transfers.steal = Stealer(self, network)
+            self.wake = doorbell.make()  # (other ranks ring it: see Stealer.connect)
 
     @property
     def net_token(self) -> threading.Lock:
@@ -308,6 +315,9 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         cancel or a runtime fault). :attr:`results` is set either way."""
         t0 = time.perf_counter()
         self.transfers.barrier()  # line the ranks' clocks up
+        if self.steal is not None:
+            bell = getattr(self.wake, "address", None)
+            self.steal.connect(self.net.allgather((self.net.host, bell)))
         self.trace.start()
         threads = [
             threading.Thread(
@@ -328,6 +338,8 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 self.lock.notify_all()
                 self.drop_spawned()
             self._join_workers(threads)
+            if isinstance(self.wake, doorbell.Doorbell):
+                self.wake.close()
         self.trace.wall = self.trace.now()
         self.transfers.record_receives()
         self._conclude()
@@ -338,7 +350,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         net, tr, sched, tuning = self.net, self.transfers, self.sched, self.tuning
         clock = time.perf_counter
         sleep, idle_since = 0.0, clock()
-        steal, idle, depth = self.steal, False, -1
+        steal, depth = self.steal, None
         while True:
             with self.lock:
                 if self._cancel is not None and self.failure is None:
@@ -347,19 +359,21 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     self._check_timeouts()
                 failed = self.failure is not None
                 all_done = sched.done == sched.ntasks
+                all_done = all_done and not self.accepting and not self.submitted_left
                 pollers = self.pollers
-                if steal is not None:  # every worker waits, and no work is here
-                    idle = not sched.ready and not self.spool
-                    idle = idle and self.waiting + self.spawn_waiting >= self.nworkers
-                    # a worker waiting in a spawned call runs only deeper ones
-                    depth = -1 if self.waiting else min(self.wait_depths, default=-1)
+                if steal is not None:  # every worker waits, and none has work here
+                    depth = idle_depth(
+                        bool(sched.ready), self.spool, self.waiting, self.wait_depths,
+                        self.nworkers,
+                    )  # fmt: skip
             if failed:
                 return
             busy = False
             if net.size > 1 and not pollers:  # else an idle worker polls: let it
                 busy = bool(tr.try_poll())
             if steal is not None:
-                if self._steal_step(idle, depth, all_done):
+                # (not after work came: the idleness seen before the poll is stale)
+                if self._steal_step(None if busy else depth, all_done):
                     return
             elif all_done:
                 with tr.token:  # no worker is half-way through a poll
@@ -382,9 +396,12 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # computes, latency is hidden, so leave their cores alone
                     busy_workers = self._running >= self.nworkers
                     cap = 10 * tuning.poll_max if busy_workers else tuning.poll_max
-                    sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
-                    if steal is not None and self.spool:  # (a hint, without the lock)
-                        sleep = min(sleep, tuning.poll_max)  # work to give: answer soon
+                    if steal is None:
+                        sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
+                    else:  # (the spool and the queues: hints, without the lock or token)
+                        planned = bool(tr.recvs_left or tr.recvs_active or tr.sends_active)
+                        waited = clock() - idle_since
+                        sleep = steal.next_sleep(sleep, waited, cap, bool(self.spool), planned)
                 self.stats.sleeps += 1
                 if self.wake.wait(sleep):
                     # handed work (a worker stopped polling, or starts a long task):
@@ -392,14 +409,15 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     sleep, idle_since = 0.0, clock()
             self.wake.clear()
 
-    def _steal_step(self, idle: bool, depth: int, all_done: bool) -> bool:
+    def _steal_step(self, depth: int | None, all_done: bool) -> bool:
         """One step of stealing (see :meth:`~taskgraph.run.steal.Stealer.step`), if
-        the network token is free; True when the run may end on this rank."""
+        the network token is free; ``depth``: see :func:`~taskgraph.run.steal.idle_depth`.
+        True when the run may end on this rank."""
         tr = self.transfers
         if not tr.token.acquire(blocking=False):
             return False
         try:
             assert self.steal is not None
-            return self.steal.step(idle, depth, all_done and not tr.left())
+            return self.steal.step(depth, all_done and not tr.left())
         finally:
             tr.token.release()

@@ -40,11 +40,15 @@ from typing import Any
 import cloudpickle
 
 from . import comm as commlib
+from . import doorbell
 from .dynamic import PENDING, RUNNING, SpawnFuture
 
 REQUEST, REPLY, RESULT, TERM = range(4)  # tag offsets from the stealing tags' base
 NTAGS = 4
 DONE, FINISH, DRAINED, CLOSE = b"D", b"F", b"R", b"C"  # termination messages (TERM)
+OFFER = b"O"  # (on TERM's tag too) work is here now: ask again at once
+REPLY_SLEEP = 1e-4  # seconds: the longest sleep of a rank waiting for a reply
+GIVE_SLEEP = 1e-4  # ... of a rank with calls to give (a thief may be waiting)
 
 
 def _unpack(payload: bytes) -> tuple:
@@ -65,11 +69,30 @@ def choose_victim(rank: int, size: int, rng: random.Random) -> int:
     return v if v < rank else v + 1
 
 
+def idle_depth(ready: bool, pool, idle_workers: int, wait_depths: list[int], nworkers: int):
+    """Whether a rank is idle, and the depth a stolen call must pass, or None when it
+    is not idle. ``ready``: a static task is ready; ``pool``: its spawned calls not
+    started (each with a ``depth``); ``idle_workers``: workers with no task;
+    ``wait_depths``: the depths of the calls the other workers wait in.
+
+    A worker that waits runs only calls deeper than the one it waits in, so a pool of
+    shallower calls leaves it idle: then the rank asks for deeper ones (an idle
+    worker runs any: depth -1)."""
+    if ready or idle_workers + len(wait_depths) < nworkers:
+        return None
+    if idle_workers:
+        return None if pool else -1
+    depth = min(wait_depths)
+    if any(item.depth > depth for item in reversed(pool)):
+        return None
+    return depth
+
+
 class Backoff:
     """How long an idle rank waits before its next attempt: ``first`` seconds after a
     failed one, doubling up to ``cap``; none after a success."""
 
-    def __init__(self, first: float = 5e-5, cap: float = 2e-3):
+    def __init__(self, first: float = 5e-5, cap: float = 2e-2):
         self.first, self.cap = first, cap
         self.wait = 0.0
         self.next_at = 0.0
@@ -156,7 +179,13 @@ class Stealer:
         self.backoff = Backoff()
         self.term = Termination(net.rank, net.size)
         self.outstanding: int | None = None
+        self.bells: list = [None] * net.size  # doorbell addresses (see connect)
+        self.all_rung = False  # every other rank is rung after each message to it
+        self.asking = False  # idle at the last step: it asks for work
+        self.hungry: dict[int, int] = {}  # rank -> depth: told "none", to be offered work
+        self.offered: int | None = None  # a rank that offered work: asked next
         self.asked_at = 0.0
+        self._asked = 0.0  # asked_at when the progress thread last slept
         self.sends: list[tuple[Any, bytes]] = []
         self.outbox: list[tuple[int, int, bytes]] = []
         self.stolen: dict[int, Any] = {}
@@ -169,9 +198,19 @@ class Stealer:
         """Whether a message of ``tag`` is a stealing one."""
         return tag >= self.base
 
+    def connect(self, peers: list[tuple]) -> None:
+        """Every rank's (host, doorbell address or None), in rank order: ranks on this
+        host are rung after each message to them (see taskgraph.run.doorbell)."""
+        self.bells = doorbell.addresses(self.ex.wake, self.net.host, peers)
+        self.bells[self.net.rank] = None
+        self.all_rung = all(b is not None for r, b in enumerate(self.bells) if r != self.net.rank)
+
     def _send(self, dst: int, kind: int, payload: bytes) -> None:
-        """Post one message (token held): never waits."""
+        """Post one message, and ring its rank's doorbell (token held): never waits."""
         self.sends.append((self.net.isend(payload, dst, self.base + kind), payload))
+        bell = self.bells[dst]
+        if bell is not None:
+            self.ex.wake.ring(bell)
 
     def _send_term(self, msgs: list[tuple[int, bytes]]) -> None:
         for dst, what in msgs:
@@ -186,7 +225,13 @@ class Stealer:
         self.net.recv_probed(handle, buf).Wait()  # (probed: it is here already)
         kind = tag - self.base
         if kind == REQUEST:
-            self._send(src, REPLY, self._give(int(buf)))
+            depth = int(buf)
+            payload = self._give(depth)
+            if payload:
+                self.hungry.pop(src, None)
+            else:  # told when there is: it need not ask often meanwhile
+                self.hungry[src] = depth
+            self._send(src, REPLY, payload)
         elif kind == REPLY:
             self.outstanding = None
             self.ex.trace.looked(time.perf_counter() - self.asked_at)
@@ -197,6 +242,9 @@ class Stealer:
         elif kind == RESULT:
             self._deliver(bytes(buf))
             return True
+        elif bytes(buf) == OFFER:
+            self.backoff.succeeded()
+            self.offered = src
         else:
             self._send_term(self.term.on_message(src, bytes(buf)))
         return False
@@ -260,6 +308,19 @@ class Stealer:
             self._send(victim, RESULT, commlib.dumps((first, failure, value)))
         self.ex.settle(item, value, None, failure)
 
+    def _offer(self) -> None:
+        """Tell each rank told "none" that has a call for it now (token held)."""
+        with self.ex.lock:
+            fed = [
+                r
+                for r, depth in self.hungry.items()
+                if any(not c.pinned and c.depth > depth for c in self.ex.spool)
+            ]
+        for r in fed:
+            del self.hungry[r]
+            if not self.term.finished:
+                self._send(r, TERM, OFFER)
+
     # -- from a worker ----------------------------------------------------------------
 
     def queue_result(self, item: Any, value: Any, failure: tuple | None) -> None:
@@ -278,9 +339,32 @@ class Stealer:
 
     # -- the progress thread ----------------------------------------------------------
 
-    def step(self, idle: bool, depth: int, static_done: bool) -> bool:
+    def next_sleep(
+        self, sleep: float, waited: float, cap: float, giving: bool, planned: bool
+    ) -> float:
+        """The progress thread's next sleep, after ``sleep``, idle for ``waited`` seconds
+        (see :func:`~taskgraph.run.comm.next_sleep`, up to ``cap``). While a reply is
+        due (to a request of its own, or in the last rounds of termination) it doubles
+        afresh from the request up to ``REPLY_SLEEP``: the asker waits for the answer,
+        not for its own poll. While this rank has calls to give (``giving``) it is at
+        most ``GIVE_SLEEP``: a thief waits for this rank's poll. Where every other
+        rank rings this one's doorbell with each message, it doubles up to the longest
+        sleep, or to ``cap`` while planned messages are due (``planned``: they do not
+        ring). An idle rank wakes for its next attempt when its back-off allows one."""
+        if self.asking and self.outstanding is None:  # (an attempt is due at next_at)
+            cap = min(cap, max(commlib.FIRST_SLEEP, self.backoff.next_at - time.perf_counter()))
+        if self.all_rung:  # every stealing message comes with a ring
+            return commlib.next_sleep(sleep, waited if planned else 1.0, cap)
+        if self.outstanding is not None or (self.term.finished and not self.term.closed):
+            if self._asked != self.asked_at:  # a request went out since the last sleep
+                self._asked, sleep = self.asked_at, 0.0
+            return commlib.next_sleep(sleep, 0.0, REPLY_SLEEP)
+        sleep = commlib.next_sleep(sleep, waited, cap)
+        return min(sleep, GIVE_SLEEP) if giving else sleep
+
+    def step(self, depth: int | None, static_done: bool) -> bool:
         """Post what is queued, test the sends, move termination on, and ask a victim
-        for a call deeper than ``depth`` if this rank is ``idle``; ``static_done``:
+        for a call deeper than ``depth`` (None: this rank is not idle); ``static_done``:
         this rank's static tasks are done. Token held; True when the run may end here."""
         ex = self.ex
         if self.outbox:
@@ -297,9 +381,15 @@ class Stealer:
             self._send_term(term.on_static_done())
         if term.finished and self.outstanding is None:
             self._send_term(term.on_drained())
+        if self.hungry and ex.spool:  # (a hint, without the lock)
+            self._offer()
         now = time.perf_counter()
-        if idle and not term.finished and self.outstanding is None and self.backoff.due(now):
-            self.outstanding = choose_victim(self.net.rank, self.net.size, self.rng)
+        self.asking = depth is not None and not term.finished
+        if self.asking and self.outstanding is None and self.backoff.due(now):
+            victim, self.offered = self.offered, None
+            if victim is None:
+                victim = choose_victim(self.net.rank, self.net.size, self.rng)
+            self.outstanding = victim
             self.asked_at = now
             self._send(self.outstanding, REQUEST, str(depth).encode())
         return term.closed and not self.sends and not self.outbox
