@@ -6,6 +6,7 @@ run), and no process left behind."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import textwrap
@@ -133,6 +134,27 @@ def grandparent(x: int, delay: float = 0.0) -> str:
     return "not raised"
 
 
+def gate(path: str, n: int) -> int:
+    """fib(n), once ``path`` exists (the script opens it): keeps a run in flight."""
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+    return serial_fib(n)
+
+
+@tg.task
+def gated_sum(path: str, k: int) -> int:
+    """The sum of fib(0..k-1), each a spawned call held until ``path`` exists."""
+    return sum(tg.wait([tg.spawn(gate, path, n) for n in range(k)]))
+
+
+@tg.task
+def asks_grandchild(x: int) -> int:
+    return tg.spawn(middle, x, 0.0).result()  # not caught: fails the run
+
+
 def test_the_tree_is_unbalanced_and_of_a_useful_size():
     sizes = [serial_uts(k, 1) for k in kids(7, 0)]
     assert 1 + sum(sizes) == serial_uts(7, 0) == 4599
@@ -143,7 +165,7 @@ JOB = """
 import sys, threading, time
 import taskgraph as tg
 sys.path.insert(0, {tests!r})
-from test_dynamic_ranks import chain, fib, grandparent, queens, uts
+from test_dynamic_ranks import asks_grandchild, chain, fib, gated_sum, grandparent, queens, uts
 
 def say(*words):
     line = " ".join(str(w) for w in (f"rank {{c.rank}}:", *words))
@@ -169,6 +191,22 @@ with tg.Graph("far") as g:  # alone: the grandchild waits while its sibling naps
     gp = grandparent(6, 0.1)
 c.run(g, workers=1).wait()
 say("far", gp.result())
+
+# two dynamic runs in flight: one fails, the other, held meanwhile, goes on
+with tg.Graph("held") as g1:
+    h = gated_sum({gate!r}, 12)
+with tg.Graph("fails") as g2:
+    f2 = fib(18, 10, 0.002)
+    asks_grandchild(4)
+r1, r2 = c.run(g1, workers=2), c.run(g2, workers=1)
+try:
+    r2.wait(60)
+    say("inflight not failed")
+except tg.TaskError as exc:
+    text = " ".join(str(exc).split())
+    say("inflight failed", r1.state(), "asks_grandchild#" in text, "bad leaf 4" in text)
+open({gate!r}, "a").close()
+say("inflight other", r1.result(h), r1.state(), r2.state())
 
 with tg.Graph("long") as g:
     fib(32, 10, 0.005)  # minutes of naps: stopped long before
@@ -197,7 +235,8 @@ def said(out: str, rank: int, what: str) -> list[str]:
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_recursive_programs_steals_errors_and_cancel_on_ranks(ranks, mpirun, tmp_path):
     script = tmp_path / "dyn.py"
-    script.write_text(textwrap.dedent(JOB.format(tests=str(Path(__file__).parent))))
+    body = JOB.format(tests=str(Path(__file__).parent), gate=str(tmp_path / "gate"))
+    script.write_text(textwrap.dedent(body))
     proc = mpirun(ranks, [str(script)], timeout=200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -218,6 +257,10 @@ def test_recursive_programs_steals_errors_and_cancel_on_ranks(ranks, mpirun, tmp
         elif delay:  # slow leaves: an idle rank always finds work, and results stay exact
             assert steals > 0, out
     check_far_catch(out, ranks)
+    for rank in range(ranks):
+        assert said(out, rank, "inflight failed") == ["running True True"], out
+        held = sum(serial_fib(n) for n in range(12))
+        assert said(out, rank, "inflight other") == [f"{held} done failed"], out
     check_cancel(out, ranks)
     assert_no_child_left()
 

@@ -1,10 +1,12 @@
 """Spawned tasks on 2 real ipyparallel engines, run from the client: a recursive fib
 exact with steals between the engines, a grandchild's error caught by its grandparent
-(also when it ran on the other engine), and an uncaught one that fails the run naming
-the task and the rank, after which the next run works."""
+(also when it ran on the other engine), an uncaught one that fails the run naming the
+task and the rank, after which the next run works, and a failing run that leaves
+another one in flight running."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import sys
@@ -111,3 +113,34 @@ def test_an_uncaught_spawned_error_fails_the_run_and_the_next_run_works(engines)
     with tg.Graph("next") as g2:
         f = fib(14, 8, 0.0)
     assert engines.run(g2).result(f) == 377
+
+
+def gate(path: str, n: int) -> int:
+    """fib(n), once ``path`` exists (the test opens it): keeps a run in flight."""
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+    return serial_fib(n)
+
+
+@tg.task
+def gated_sum(path: str, k: int) -> int:
+    return sum(tg.wait([tg.spawn(gate, path, n) for n in range(k)]))
+
+
+def test_a_failing_spawning_run_leaves_another_in_flight_running(engines, tmp_path):
+    path = str(tmp_path / "gate")
+    with tg.Graph("held") as g1:
+        h = gated_sum(path, 12)
+    with tg.Graph("fails") as g2:
+        fib(16, 10, 0.002)
+        asks_child(5)
+    r1, r2 = engines.run(g1, workers=2), engines.run(g2, workers=1)
+    with pytest.raises(tg.TaskError, match=r"bad leaf 5"):
+        r2.wait(60)
+    assert r1.state() == "running"
+    open(path, "a").close()
+    assert r1.result(h) == sum(serial_fib(n) for n in range(12))
+    assert (r1.state(), r2.state()) == ("done", "failed")
