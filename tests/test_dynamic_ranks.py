@@ -2,8 +2,8 @@
 fib, N-Queens and an unbalanced tree exact (with and without random slow leaves,
 stealing on 2 and 3 ranks), a recursion 35 deep, a grandchild's exception caught by its
 grandparent, two spawning runs in flight (one fails, the other goes on), a cancel
-during a stealing run (every rank idle within 2 s, then a next
-run), and no process left behind."""
+during a stealing run (every rank idle within 2 s, then a next run), and no process
+left behind."""
 
 from __future__ import annotations
 
