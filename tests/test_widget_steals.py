@@ -6,8 +6,12 @@ side: the report of a recorded stealing trace in headless chromium."""
 from __future__ import annotations
 
 import json
+import random
 import re
+import sys
+import time
 
+import psutil
 import pytest
 from test_browser import CHROMIUM, needs_browser
 from test_trace_dynamic import plain, tree
@@ -179,6 +183,43 @@ def test_calls_submitted_to_an_empty_graph_are_not_an_empty_run():
     assert trace.status == "running"
     trace.finish()
     assert trace.status == "done"
+
+
+def serial_fib(n: int) -> int:
+    return n if n < 2 else serial_fib(n - 1) + serial_fib(n - 2)
+
+
+@tg.task
+def nap_fib(n: int, cutoff: int, delay: float) -> int:
+    """fib(n) by spawns down to ``cutoff``; each leaf naps up to ``delay`` s (seeded)."""
+    if n < cutoff:
+        time.sleep(random.Random(n).random() * delay)
+        return serial_fib(n)
+    a = tg.spawn(nap_fib, n - 1, cutoff, delay)
+    b = tg.spawn(nap_fib, n - 2, cutoff, delay)
+    return a.result() + b.result()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_a_stealing_run_on_two_engines_reaches_the_view_with_its_steals():
+    from conftest import engines_marker
+
+    with engines_marker(sys.modules[__name__]), tg.Cluster(n=2) as c:
+        with tg.Graph("fib") as g:
+            f = nap_fib(16, 9, 0.01)
+        run = c.run(g, workers=1)
+        view = Recording(run, interval=0.05).wait(120)
+        run.wait(120)
+        assert f.result() == 987
+        trace = run.trace
+    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    assert trace.steals, "the idle engine stole"
+    _, spawned, steals = drawn(view.sent)
+    assert sorted(map(tuple, steals)) == sorted(map(tuple, trace.steals))
+    assert len(spawned) == len(trace.spawned)
+    assert {lane for lane, *_ in spawned} == {0, 1}, "both ranks' lanes"
 
 
 def report_data(html: str) -> dict:
