@@ -39,6 +39,7 @@ from ..trace.events import Trace
 from . import engine_side
 from .handle import RunHandle
 from .overlap import footprint, must_wait
+from .submit import EngineFuture, call_label
 
 if TYPE_CHECKING:
     from .engines import EngineCluster
@@ -72,6 +73,7 @@ class EngineRun(RunHandle):
     task_timeout : seconds any task may run unless it has a ``timeout`` of its own.
     earlier : the cluster's runs made before this one and still going (this one waits
         for those it overlaps).
+    open : the run takes :meth:`submit` calls until :meth:`close` (or ``wait()``).
     """
 
     where = "engines"
@@ -86,8 +88,12 @@ class EngineRun(RunHandle):
         trace: bool = True,
         task_timeout: float | None = None,
         earlier: list[EngineRun] | None = None,
+        open: bool = False,
     ):
         super().__init__(cluster, graph, plan)
+        self.open = open
+        self._closed = False  # (an open run) no more submitted calls
+        self._submitted = 0  # calls submitted so far (their keys, round-robin ranks)
         self.id = uuid.uuid4().hex[:12]
         self.task_timeout = task_timeout
         self.footprint = footprint(graph)
@@ -96,7 +102,7 @@ class EngineRun(RunHandle):
         ]
         self._own_graph()
         _settle_ended_runs()  # (their holds off the data: their values go with this plan)
-        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout))
+        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout, open))
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
         forget = []
@@ -130,6 +136,50 @@ class EngineRun(RunHandle):
         records = self.cluster.client.metadata
         return [records[msg_id]["data"] for msg_id in self.ar.msg_ids]
 
+    def _data_of(self, rank: int) -> dict:
+        """What the engine of ``rank`` published under this run's request."""
+        return self.cluster.client.metadata[self.ar.msg_ids[rank]]["data"]
+
+    # -- submitted calls -------------------------------------------------------------
+
+    def submit(self, fn, *args, **kwargs) -> EngineFuture:
+        """Add the call ``fn(*args, **kwargs)`` to the running run; its future, at once.
+
+        The calls go to the engines in turn (round-robin: the first batch is spread
+        without waiting for steals, and a graph of kernels alone, which never steals,
+        spreads too); an idle engine may still steal them (where the graph has plain
+        ``@tg.task`` functions). A failed call fails its future, not the run. RunError
+        if the run was closed or has ended; a run ending meanwhile fails the future
+        (see :class:`~taskgraph.cluster.submit.EngineFuture`)."""
+        if self._closed or self._cancelled is not None or self.done():
+            what = "was closed" if self._closed and not self.done() else "has ended"
+            raise RunError(
+                f"run {self.graph.name!r} {what}: {call_label(fn, args, kwargs)} not submitted"
+            )
+        n, self._submitted = self._submitted, self._submitted + 1
+        key, rank = f"s{n:08d}", n % self.cluster.size
+        calls = cloudpickle.dumps([(key, fn, args, kwargs)])
+        engine = self.cluster.client[self.cluster.engine_ids[rank]]
+        sent = engine.apply_async(engine_side.submit_calls, self.id, calls)
+        return EngineFuture(self, key, rank, call_label(fn, args, kwargs), sent)
+
+    def close(self) -> None:
+        """No more :meth:`submit` calls: an open run ends once its tasks and the calls
+        submitted have ended. Any number of times; ``wait()`` closes too."""
+        if self._closed or not self.open:
+            return
+        self._closed = True
+        # (after every submit: each engine takes requests in the order sent)
+        self.cluster.view.apply_async(engine_side.close_run, self.id)
+
+    def _ended_without(self, label: str) -> RunError:
+        """The error of a submitted call whose run ended before it did."""
+        errors = [d["summary"]["error"] for d in self._data() if d.get("summary", {}).get("error")]
+        why = f": {errors[0]}" if errors else ""
+        if self._cancelled is not None:
+            why += f" ({self._cancelled})"
+        return RunError(f"run {self.graph.name!r} ended before {label} did{why}")
+
     def queued(self) -> bool:
         """Whether the run waits for an earlier run of the cluster that it overlaps."""
         self._waits_for = [r for r in self._waits_for if not r.done()]
@@ -153,6 +203,7 @@ class EngineRun(RunHandle):
         cancels the run, waits up to 10 s for it to stop, and raises KeyboardInterrupt;
         a second Ctrl-C meanwhile stops only the waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.close()
         try:
             while not self.done():
                 if self.ar.ready():

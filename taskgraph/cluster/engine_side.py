@@ -36,10 +36,13 @@ from ..core.files import shm_files
 from ..dsl.tiled import TiledMatrix
 from .handle import RunHandle
 from .job import current_cluster
+from .submit import Inbox
 
 MATRICES: dict[int, TiledMatrix] = {}
 RUNS: OrderedDict[str, RunHandle] = OrderedDict()  # run id -> run, the latest few
 KEEP_RUNS = 8
+INBOXES: dict[str, Inbox] = {}  # run id -> its submitted calls, while it goes
+SUBMIT_TICK = 0.01  # seconds between looks at submitted calls while some are out
 
 
 def whoami(token: str | None = None) -> dict:
@@ -139,18 +142,28 @@ def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) ->
     its summary (``{"summary": ...}``, see :func:`_summary`)."""
     for uid in forget:
         forget_matrix(uid)
-    plan, workers, blas_threads, trace, task_timeout = cloudpickle.loads(payload)
+    plan, workers, blas_threads, trace, task_timeout, *more = cloudpickle.loads(payload)
     cluster = current_cluster()
     publish = _publisher()
     if publish is not None:  # before any task can hold the interpreter
         publish({"alive": (0.0, [])})
     extra = {} if task_timeout is None else {"task_timeout": task_timeout}
     run = cluster.run(
-        plan.graph, workers=workers, blas_threads=blas_threads, plan=plan, trace=trace, **extra
+        plan.graph,
+        workers=workers,
+        blas_threads=blas_threads,
+        plan=plan,
+        trace=trace,
+        open=bool(more and more[0]),
+        **extra,
     )
     _keep(run_id, run)
+    inbox = INBOXES[run_id] = Inbox(run, run_id)
     watcher = threading.Thread(
-        target=_watch, args=(run, publish, interval), name=f"taskgraph-watch-{run_id}", daemon=True
+        target=_watch,
+        args=(run, publish, interval, inbox),
+        name=f"taskgraph-watch-{run_id}",
+        daemon=True,
     )
     watcher.start()
     return {"rank": cluster.rank}
@@ -174,20 +187,54 @@ def _keep(run_id: str, run) -> None:
         del RUNS[key]
 
 
-def _watch(run, publish, interval: float) -> None:
-    """Publish ``run``'s heartbeat and batches until it ends, then its summary; a
-    summary always, even if this thread fails (the notebook waits for it)."""
+def submit_calls(run_id: str, calls: bytes) -> dict:
+    """Add calls to run ``run_id`` on this rank (see :mod:`taskgraph.cluster.submit`);
+    returns at once. ``calls``: the pickled list of (key, fn, args, kwargs). The errors
+    of those refused (the run has ended or was closed), by key."""
+    todo = cloudpickle.loads(calls)
+    inbox = INBOXES.get(run_id)
+    if inbox is None:
+        return {
+            key: RunError(
+                f"run {run_id} is not going on rank {current_cluster().rank}: "
+                f"{getattr(fn, '__name__', 'the call')} not submitted"
+            )
+            for key, fn, _, _ in todo
+        }
+    return inbox.submit(todo)
+
+
+def close_run(run_id: str) -> bool:
+    """Run ``run_id`` takes no more submitted calls on this rank; False if it is not
+    going here."""
+    inbox = INBOXES.get(run_id)
+    if inbox is None:
+        return False
+    inbox.close()
+    return True
+
+
+def _watch(run, publish, interval: float, inbox: Inbox) -> None:
+    """Publish ``run``'s heartbeat and batches until it ends, and the outcome of each
+    submitted call as it ends, then its summary; a summary always, even if this thread
+    fails (the notebook waits for it)."""
     seq, cursor = 0, (0, 0)
     try:
         t0 = time.perf_counter()
         next_batch = 0.0
-        while not run.join(min(interval, 0.05)):
+        while not run.join(SUBMIT_TICK if inbox.outstanding() else min(interval, 0.05)):
+            inbox.hand_over()
+            _publish_outcomes(publish, inbox)
             if time.perf_counter() >= next_batch:
                 next_batch = time.perf_counter() + interval
                 seq, cursor = _publish_batch(publish, run, seq, cursor, t0)
+        INBOXES.pop(inbox.key, None)
+        inbox.hand_over()  # (calls taken as it ended: refused, told as errors)
+        _publish_outcomes(publish, inbox)  # (before the summary: the notebook relies on it)
         seq, cursor = _publish_batch(publish, run, seq, cursor, t0, final=True)
         summary = _summary(run, seq)
     except BaseException as exc:  # noqa: BLE001 - a bug here: the notebook must hear of it
+        INBOXES.pop(inbox.key, None)
         run.join()
         summary = {
             "rank": current_cluster().rank,
@@ -205,6 +252,29 @@ def _watch(run, publish, interval: float) -> None:
         except Exception as exc:  # noqa: BLE001 - an unpicklable error or value: say so
             summary.update(error=TaskgraphError(f"{summary['error'] or exc}"), data=None)
             publish({"summary": summary})
+
+
+def _publish_outcomes(publish, inbox: Inbox) -> None:
+    """Publish the outcomes of the submitted calls that ended, in one message; one that
+    cannot be sent (an unpicklable value) is told as an error instead."""
+    outcomes = inbox.ended()
+    if not outcomes or publish is None:
+        return
+    try:
+        publish(outcomes)
+        return
+    except Exception:  # noqa: BLE001 - find which one, below
+        pass
+    for key, outcome in outcomes.items():
+        try:
+            publish({key: outcome})
+        except Exception as exc:  # noqa: BLE001 - told to the notebook instead
+            rank = current_cluster().rank
+            problem = TaskgraphError(
+                f"submitted call {key} on rank {rank} ended, but its outcome cannot be "
+                f"sent to the notebook: {type(exc).__name__}: {exc}"
+            )
+            publish({key: ("err", problem)})
 
 
 def _summary(run, batches: int) -> dict:

@@ -58,6 +58,7 @@ from . import engine_side, watchdog
 from .base import Cluster
 from .engine_run import EngineRun
 from .launch import launcher_flavour, local_env
+from .submit import ensemble_graph
 
 _remote_uids = itertools.count(1)
 _live: weakref.WeakSet[EngineCluster] = weakref.WeakSet()  # clusters started here, open
@@ -412,13 +413,14 @@ class EngineCluster(Cluster, kind="engines"):
 
     def run(
         self,
-        graph: Graph,
+        graph: Graph | None = None,
         *,
         workers: int | None = None,
         blas_threads: int | None = None,
         plan: Plan | None = None,
         trace: bool = True,
         task_timeout: float | None = None,
+        open: bool = False,
     ) -> EngineRun:
         """Plan here, send graph and plan to every engine in one message; returns at once.
 
@@ -429,7 +431,13 @@ class EngineCluster(Cluster, kind="engines"):
         C that never returns) is reported by ``wait()`` within the limit plus
         ``STUCK_GRACE`` seconds. A run started while others are going runs beside them;
         only one that overlaps an earlier run still going (writes data it uses, or uses
-        data it writes) waits for it (``run.state() == "queued"``)."""
+        data it writes) waits for it (``run.state() == "queued"``). ``open``: the run
+        takes ``run.submit(fn, *args)`` calls until ``run.close()`` or ``run.wait()``
+        (:mod:`taskgraph.cluster.submit`); ``graph`` may then be left out."""
+        if graph is None:
+            if not open:
+                raise RunError("cluster.run() needs a graph, unless open=True")
+            graph = ensemble_graph()
         if self.client is None:
             raise RunError("the cluster is closed")
         if self._stuck is not None:
@@ -445,6 +453,7 @@ class EngineCluster(Cluster, kind="engines"):
             trace,
             task_timeout,
             earlier=self._runs,
+            open=open,
         )
         self._runs = [r for r in self._runs if not r.done()] + [run]
         return run

@@ -30,6 +30,7 @@ they end.
 
 from __future__ import annotations
 
+import reprlib
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -40,6 +41,10 @@ from ..dsl.graph import Graph, task
 from ..run.dynamic import DONE, FAILED, SpawnFuture
 
 POLL_MIN, POLL_MAX = 0.001, 0.02  # seconds between looks at futures that have not ended
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 20
+_short.maxlist = _short.maxtuple = 4
 
 
 @task
@@ -55,6 +60,13 @@ def ensemble_graph(name: str = "ensemble") -> Graph:
     with Graph(name) as g:
         ensemble_start()
     return g
+
+
+def call_label(fn: Any, args: tuple, kwargs: dict) -> str:
+    """A readable name of a call: ``fib(19)`` (long arguments cut short)."""
+    name = getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)
+    parts = [_short.repr(a) for a in args] + [f"{k}={_short.repr(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
 
 
 def _done(fut: Any) -> bool:
@@ -143,7 +155,9 @@ class EngineFuture:
         sleep = POLL_MIN
         while not self.done():
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{self.label} (run {self.run.graph.name!r}) has not ended after {timeout} s")
+                raise TimeoutError(
+                    f"{self.label} (run {self.run.graph.name!r}) has not ended after {timeout} s"
+                )
             time.sleep(sleep)
             sleep = min(POLL_MAX, sleep * 2)
 
@@ -209,8 +223,9 @@ class Inbox:
     Guarded by ``lock``: ``waiting`` (key, fn, args, kwargs) not given to the run yet,
     ``futures`` (key -> SpawnFuture) given and not published, ``closing``."""
 
-    def __init__(self, run: Any):
+    def __init__(self, run: Any, key: str = ""):
         self.run = run
+        self.key = key  # the run's id
         self.lock = threading.Lock()
         self.waiting: list[tuple] = []
         self.futures: dict[str, SpawnFuture] = {}
@@ -296,4 +311,4 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
 
 
-__all__ = ["EngineFuture", "Inbox", "as_completed", "ensemble_graph"]
+__all__ = ["EngineFuture", "Inbox", "as_completed", "call_label", "ensemble_graph"]
