@@ -89,13 +89,21 @@ def ref_modules() -> list[str]:
 def adapted(executor: type) -> type:
     """A ref's Executor as today's run handle drives it: an executor from before run
     results moved to the run handle (7e6f9d9) writes them into ``graph.results``
-    instead of keeping ``.results``. Its hot path is untouched."""
-    if hasattr(executor, "results"):
+    instead of keeping ``.results``; one from before ``run.submit`` takes no ``open``.
+    Its hot path is untouched."""
+    import inspect
+
+    takes_open = "open" in inspect.signature(executor.__init__).parameters
+    if hasattr(executor, "results") and takes_open:
         return executor
+    keeps_results = hasattr(executor, "results")
 
     class Adapted(executor):  # type: ignore[misc, valid-type]
         def __init__(self, graph, *args, **kwargs):
-            graph.results = self.results = {}
+            if not takes_open:  # (from before run.submit: every run is closed)
+                kwargs.pop("open", None)
+            if not keeps_results:
+                graph.results = self.results = {}
             super().__init__(graph, *args, **kwargs)
 
     return Adapted
