@@ -14,7 +14,10 @@ publication, under the request that started the run, each under a key of its own
 heartbeat (``alive``: a count and the tasks its workers are in) that tells the notebook
 the engine still answers, and at the end the run's summary (``summary``).
 :func:`cancel_run` cancels one run on every rank (the others go on); the run ends with
-a RunError.
+a RunError. :func:`submit_calls` and :func:`close_run` add calls to a running run
+(``run.submit`` in the notebook) through its :class:`~taskgraph.cluster.submit.Inbox`;
+the run's watcher publishes each call's outcome as it ends (``s<key>``), before the
+summary.
 
 :func:`shutdown` ends an engine in order: MPI finalized (its shared memory freed), then
 the process exits, without the traceback and MPI_Abort that a SIGTERM brings.
@@ -214,11 +217,12 @@ def close_run(run_id: str) -> bool:
     return True
 
 
-def _watch(run, publish, interval: float, inbox: Inbox) -> None:
+def _watch(run, publish, interval: float, inbox: Inbox | None = None) -> None:
     """Publish ``run``'s heartbeat and batches until it ends, and the outcome of each
     submitted call as it ends, then its summary; a summary always, even if this thread
     fails (the notebook waits for it)."""
     seq, cursor = 0, (0, 0)
+    inbox = inbox if inbox is not None else Inbox(run)  # (a run without submitted calls)
     try:
         t0 = time.perf_counter()
         next_batch = 0.0

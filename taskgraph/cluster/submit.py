@@ -286,11 +286,23 @@ class Inbox:
             futs = [self.futures.pop(k) for k in keys]
         out = {}
         for key, fut in zip(keys, futs):
+            if _stopped(fut):
+                continue  # (the run stopped under it: the summary tells why)
             if fut.state == FAILED:
                 out[key] = ("err", fut.error() if fut.failure is not None else fut.exc)
             else:
                 out[key] = ("ok", fut.value)
         return out
+
+
+def _stopped(fut: Any) -> bool:
+    """Whether a call failed because its run stopped under it (it was interrupted:
+    not an Exception of its own)."""
+    if fut.state != FAILED:
+        return False
+    if fut.exc is not None:
+        return not isinstance(fut.exc, Exception)
+    return fut.failure is not None and str(fut.failure[4]).startswith("TaskAbandoned")
 
 
 class _Refused:
