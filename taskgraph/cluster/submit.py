@@ -109,8 +109,9 @@ class EngineFuture:
     """The future of ``run.submit(fn, ...)`` on a run on engines, in the notebook.
 
     ``label``: the call, readable; ``rank``: the engine it was submitted to (its value
-    comes back from there, wherever it ran); ``key``: its name under the run's request.
-    States: pending, then done (a value) or failed (an exception): set once, by
+    comes back from there, wherever it ran); ``key``: its name under the run's request;
+    ``run``: the run; ``sent``: the request that submitted it (its failure fails the
+    future). States: pending, then done (a value) or failed (an exception): set once, by
     whichever thread looks first, under a lock."""
 
     def __init__(self, run: Any, key: str, rank: int, label: str, sent: Any):
