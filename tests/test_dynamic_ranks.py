@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_dynamic import serial_fib, serial_queens
 
 import taskgraph as tg
 
@@ -30,10 +31,6 @@ def _leaf_nap(delay: float, *key: int) -> None:
         time.sleep(random.Random(hash(key)).random() * delay)
 
 
-def serial_fib(n: int) -> int:
-    return n if n < 2 else serial_fib(n - 1) + serial_fib(n - 2)
-
-
 @tg.task
 def fib(n: int, cutoff: int = 12, delay: float = 0.0) -> int:
     """fib(n) by two spawns per level down to ``cutoff``, plain Python below."""
@@ -43,18 +40,6 @@ def fib(n: int, cutoff: int = 12, delay: float = 0.0) -> int:
     a = tg.spawn(fib, n - 1, cutoff, delay)
     b = tg.spawn(fib, n - 2, cutoff, delay)
     return a.result() + b.result()
-
-
-def serial_queens(n: int, row: int, cols: int, d1: int, d2: int) -> int:
-    if row == n:
-        return 1
-    count = 0
-    free = ~(cols | d1 | d2) & ((1 << n) - 1)
-    while free:
-        bit = free & -free
-        free ^= bit
-        count += serial_queens(n, row + 1, cols | bit, (d1 | bit) << 1, (d2 | bit) >> 1)
-    return count
 
 
 @tg.task
