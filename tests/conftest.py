@@ -95,6 +95,36 @@ def listening(proc) -> set[str]:
     return {f"{c.laddr.ip}:{c.laddr.port}" for c in conns if c.status == psutil.CONN_LISTEN}
 
 
+def child_pids() -> set[int]:
+    """PIDs of this process's live children and their descendants (zombies aside)."""
+    import psutil
+
+    pids = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                pids.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def assert_no_new_children(before: set[int]) -> None:
+    """No child this process started since ``before`` (from :func:`child_pids`) is alive
+    5 s on: one that lives for the whole session (multiprocessing's resource tracker,
+    started by an earlier test) is not this test's."""
+    import psutil
+
+    deadline = time.monotonic() + 5
+    while (left := child_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    described = []
+    for pid in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            described.append((pid, psutil.Process(pid).cmdline()))
+    assert not described, f"processes left behind: {described}"
+
+
 def assert_none_left(marker: str) -> None:
     deadline = time.monotonic() + 5
     while (left := processes_with(marker)) and time.monotonic() < deadline:

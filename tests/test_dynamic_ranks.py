@@ -14,8 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from conftest import assert_no_new_children, child_pids
 from test_dynamic import serial_fib, serial_queens
 
 import taskgraph as tg
@@ -223,6 +223,7 @@ def test_recursive_programs_steals_errors_and_cancel_on_ranks(ranks, mpirun, tmp
     script = tmp_path / "dyn.py"
     body = JOB.format(tests=str(Path(__file__).parent), gate=str(tmp_path / "gate"))
     script.write_text(textwrap.dedent(body))
+    before = child_pids()
     proc = mpirun(ranks, [str(script)], timeout=200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
@@ -248,7 +249,7 @@ def test_recursive_programs_steals_errors_and_cancel_on_ranks(ranks, mpirun, tmp
         held = sum(serial_fib(n) for n in range(12))
         assert said(out, rank, "inflight other") == [f"{held} done failed"], out
     check_cancel(out, ranks)
-    assert_no_child_left()
+    assert_no_new_children(before)
 
 
 def check_far_catch(out: str, ranks: int) -> None:
@@ -278,10 +279,3 @@ def check_cancel(out: str, ranks: int) -> None:
         took = float(ended) - float(at)
         assert took < 2.0, f"rank {rank} stopped {took:.2f} s after the cancel: {out}"
         assert said(out, rank, "next") == [f"{serial_fib(16)} 0"], out
-
-
-def assert_no_child_left() -> None:
-    """No process this test process started is alive (the job ended)."""
-    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-    left = [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
-    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"

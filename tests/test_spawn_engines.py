@@ -12,7 +12,6 @@ import re
 import sys
 import time
 
-import psutil
 import pytest
 
 import taskgraph as tg
@@ -22,13 +21,12 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def engines():
-    from conftest import engines_marker
+    from conftest import assert_no_new_children, child_pids, engines_marker
 
+    before = child_pids()
     with engines_marker(sys.modules[__name__]), tg.Cluster(n=2) as c:
         yield c
-    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-    left = [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
-    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+    assert_no_new_children(before)
 
 
 def serial_fib(n: int) -> int:

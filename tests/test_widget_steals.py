@@ -11,7 +11,6 @@ import re
 import sys
 import time
 
-import psutil
 import pytest
 from test_browser import CHROMIUM, needs_browser
 from test_trace_dynamic import plain, tree
@@ -203,8 +202,9 @@ def nap_fib(n: int, cutoff: int, delay: float) -> int:
 @pytest.mark.mpi
 @pytest.mark.timeout(240)
 def test_a_stealing_run_on_two_engines_reaches_the_view_with_its_steals():
-    from conftest import engines_marker
+    from conftest import assert_no_new_children, child_pids, engines_marker
 
+    before = child_pids()
     with engines_marker(sys.modules[__name__]), tg.Cluster(n=2) as c:
         with tg.Graph("fib") as g:
             f = nap_fib(16, 9, 0.01)
@@ -213,8 +213,7 @@ def test_a_stealing_run_on_two_engines_reaches_the_view_with_its_steals():
         run.wait(120)
         assert f.result() == 987
         trace = run.trace
-    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    assert_no_new_children(before)
     assert trace.steals, "the idle engine stole"
     _, spawned, steals = drawn(view.sent)
     assert sorted(map(tuple, steals)) == sorted(map(tuple, trace.steals))
