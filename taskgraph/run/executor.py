@@ -351,7 +351,11 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         clock = time.perf_counter
         sleep, idle_since = 0.0, clock()
         steal, depth = self.steal, None
+        wake = self.wake
         while True:
+            # cleared before looking, not after: a wake-up that comes while this thread
+            # looks is for the next look (a steal request's ring was lost so)
+            wake.clear()
             with self.lock:
                 if self._cancel is not None and self.failure is None:
                     self._fail(None, RunError(self._cancel), cancel=True)
@@ -407,7 +411,6 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # handed work (a worker stopped polling, or starts a long task):
                     # back off afresh, not from when that worker began to poll
                     sleep, idle_since = 0.0, clock()
-            self.wake.clear()
 
     def _steal_step(self, depth: int | None, all_done: bool) -> bool:
         """One step of stealing (see :meth:`~taskgraph.run.steal.Stealer.step`), if
