@@ -33,6 +33,7 @@ The decisions (victim, back-off, termination) are pure and unit-tested
 from __future__ import annotations
 
 import bisect
+import pickle
 import random
 import time
 from typing import Any
@@ -49,6 +50,7 @@ DONE, FINISH, DRAINED, CLOSE = b"D", b"F", b"R", b"C"  # termination messages (T
 OFFER = b"O"  # (on TERM's tag too) work is here now: ask again at once
 REPLY_SLEEP = 1e-4  # seconds: the longest sleep of a rank waiting for a reply
 GIVE_SLEEP = 1e-4  # ... of a rank with calls to give (a thief may be waiting)
+REPLY_SPIN = 3e-4  # seconds a rank polls without sleeping for the reply to its request
 
 
 def _unpack(payload: bytes) -> tuple:
@@ -56,6 +58,19 @@ def _unpack(payload: bytes) -> tuple:
     msg = commlib.loads(payload)
     assert isinstance(msg, tuple)
     return msg
+
+
+def pack(call: tuple) -> bytes:
+    """A stolen call, pickled: by plain pickle where its function and values are found
+    by name on every rank (a few µs), else by cloudpickle, by value (a function of the
+    notebook or the script, a lambda: tens of µs on the victim's path)."""
+    fn = call[1]
+    if getattr(fn, "__module__", "__main__") != "__main__":
+        try:
+            return pickle.dumps(call, protocol=5)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            pass
+    return cloudpickle.dumps(call, protocol=5)
 
 
 def tag_base(tag_ub: int) -> int:
@@ -268,9 +283,7 @@ class Stealer:
             item.state = RUNNING  # (elsewhere)
         self._key += 1
         try:
-            payload = cloudpickle.dumps(
-                (self._key, item.fn, item.args, item.kwargs, item.depth, item.label())
-            )
+            payload = pack((self._key, item.fn, item.args, item.kwargs, item.depth))
         except Exception:  # noqa: BLE001 - an unpicklable call stays here
             with ex.lock:
                 item.pinned = True
@@ -282,10 +295,10 @@ class Stealer:
 
     def _take(self, payload: bytes, victim: int) -> None:
         """A stolen call arrived: into this rank's pool."""
-        key, fn, args, kwargs, depth, label = _unpack(payload)
+        key, fn, args, kwargs, depth = _unpack(payload)
         ex = self.ex
         fut = SpawnFuture(ex, fn, args, kwargs, depth)
-        fut.name = label
+        label = fut.label()  # (made here: off the victim's path)
         fut.remote = (victim, key)
         self.backoff.succeeded()
         now = time.perf_counter()
@@ -352,7 +365,12 @@ class Stealer:
         most ``GIVE_SLEEP``: a thief waits for this rank's poll. Where every other
         rank rings this one's doorbell with each message, it doubles up to the longest
         sleep, or to ``cap`` while planned messages are due (``planned``: they do not
-        ring). An idle rank wakes for its next attempt when its back-off allows one."""
+        ring). An idle rank wakes for its next attempt when its back-off allows one,
+        and does not sleep for ``REPLY_SPIN`` seconds after a request: a reply comes
+        that soon mostly, and the wake-up from a sleep costs as long (its core has
+        nothing else to do)."""
+        if self.outstanding is not None and time.perf_counter() - self.asked_at < REPLY_SPIN:
+            return 0.0
         if self.asking and self.outstanding is None:  # (an attempt is due at next_at)
             cap = min(cap, max(commlib.FIRST_SLEEP, self.backoff.next_at - time.perf_counter()))
         if self.all_rung:  # every stealing message comes with a ring
