@@ -130,15 +130,20 @@ class EngineRun(RunHandle):
         return all("summary" in per_engine for per_engine in self._data())
 
     def _data(self) -> list[dict]:
-        """What each engine published under this run's request, by rank: read from the
-        client's own records (``ar.data`` stops following them once the request has
-        answered, and the engines answer as soon as the run has started)."""
-        records = self.cluster.client.metadata
-        return [records[msg_id]["data"] for msg_id in self.ar.msg_ids]
+        """What each engine published under this run's request, by rank."""
+        return [self._data_of(rank) for rank in range(len(self.ar.msg_ids))]
 
     def _data_of(self, rank: int) -> dict:
-        """What the engine of ``rank`` published under this run's request."""
-        return self.cluster.client.metadata[self.ar.msg_ids[rank]]["data"]
+        """What the engine of ``rank`` published under this run's request. ipyparallel
+        files it in the request's record, drops that record once the request has
+        answered (and the engine answers as soon as the run has started), and files
+        what comes later in a new one: a short run's summary can land in either."""
+        first = self.ar.metadata
+        first = first[rank] if isinstance(first, list) else first
+        later = self.cluster.client.metadata.get(self.ar.msg_ids[rank])  # (.get: adds none)
+        if later is None or later is first:
+            return first["data"]
+        return {**first["data"], **later["data"]}
 
     # -- submitted calls -------------------------------------------------------------
 
@@ -321,6 +326,22 @@ class EngineRun(RunHandle):
                 item.hold(-1)
             if self in _unsettled:
                 _unsettled.remove(self)
+            self._merge_records()
+
+    def _merge_records(self) -> None:
+        """Fold the records ipyparallel made after the request answered (see
+        :meth:`_data_of`) into the request's own, and drop them: nothing follows a
+        summary, and the client would keep them for the whole session."""
+        if not self.ar.ready():
+            return
+        records = self.cluster.client.metadata
+        for rank, msg_id in enumerate(self.ar.msg_ids):
+            first = self.ar.metadata
+            first = first[rank] if isinstance(first, list) else first
+            later = records.get(msg_id)
+            if later is not None and later is not first:
+                first["data"].update(later["data"])
+                records.pop(msg_id, None)
 
     def _read_summaries(self) -> None:
         try:
