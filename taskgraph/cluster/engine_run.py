@@ -34,12 +34,13 @@ from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.graph import Graph
 from ..plan.planner import Plan
+from ..run.dynamic import call_label
 from ..run.executor import Stats
 from ..trace.events import Trace
 from . import engine_side
 from .handle import RunHandle
 from .overlap import footprint, must_wait
-from .submit import EngineFuture, call_label
+from .submit import EngineFuture
 
 if TYPE_CHECKING:
     from .engines import EngineCluster

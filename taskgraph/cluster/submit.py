@@ -30,7 +30,6 @@ they end.
 
 from __future__ import annotations
 
-import reprlib
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -41,10 +40,6 @@ from ..dsl.graph import Graph, task
 from ..run.dynamic import DONE, FAILED, SpawnFuture
 
 POLL_MIN, POLL_MAX = 0.001, 0.02  # seconds between looks at futures that have not ended
-
-_short = reprlib.Repr()
-_short.maxstring = _short.maxother = 20
-_short.maxlist = _short.maxtuple = 4
 
 
 @task
@@ -60,13 +55,6 @@ def ensemble_graph(name: str = "ensemble") -> Graph:
     with Graph(name) as g:
         ensemble_start()
     return g
-
-
-def call_label(fn: Any, args: tuple, kwargs: dict) -> str:
-    """A readable name of a call: ``fib(19)`` (long arguments cut short)."""
-    name = getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)
-    parts = [_short.repr(a) for a in args] + [f"{k}={_short.repr(v)}" for k, v in kwargs.items()]
-    return f"{name}({', '.join(parts)})"
 
 
 def _done(fut: Any) -> bool:
@@ -324,4 +312,4 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
 
 
-__all__ = ["EngineFuture", "Inbox", "as_completed", "call_label", "ensemble_graph"]
+__all__ = ["EngineFuture", "Inbox", "as_completed", "ensemble_graph"]

@@ -55,6 +55,14 @@ _short.maxother = 20
 _short.maxlist = _short.maxtuple = 4
 
 
+def call_label(fn: Callable, args: tuple, kwargs: dict) -> str:
+    """A readable name of the call ``fn(*args, **kwargs)``: ``fib(19)`` (long
+    arguments cut short)."""
+    name = getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)
+    parts = [_short.repr(a) for a in args] + [f"{k}={_short.repr(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
 class SpawnedTaskError(TaskError):
     """A spawned task failed: raised by ``result()`` in the task that waits for it.
 
@@ -129,10 +137,7 @@ class SpawnFuture(Frame):
     def label(self) -> str:
         """A readable name of the call: ``fib(19)``."""
         if not self.name:
-            name = getattr(self.fn, "__name__", None) or repr(self.fn)
-            parts = [_short.repr(a) for a in self.args]
-            parts += [f"{k}={_short.repr(v)}" for k, v in self.kwargs.items()]
-            self.name = f"{name}({', '.join(parts)})"
+            self.name = call_label(self.fn, self.args, self.kwargs)
         return self.name
 
     def done(self) -> bool:

@@ -388,7 +388,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 continue
             if not pollers and steal is None and (net.size == 1 or not tr.left()):
                 # nothing to poll: sleep until a worker hands over (or a cancel)
-                self.wake.wait(tuning.watch if net.size > 1 or self._limits else None)
+                wake.wait(tuning.watch if net.size > 1 or self._limits else None)
             else:
                 if pollers:
                     # a worker polls, and wakes this thread when it starts a long task
@@ -407,7 +407,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                         waited = clock() - idle_since
                         sleep = steal.next_sleep(sleep, waited, cap, bool(self.spool), planned)
                 self.stats.sleeps += 1
-                if self.wake.wait(sleep):
+                if wake.wait(sleep):
                     # handed work (a worker stopped polling, or starts a long task):
                     # back off afresh, not from when that worker began to poll
                     sleep, idle_since = 0.0, clock()

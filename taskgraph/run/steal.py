@@ -205,8 +205,7 @@ class Stealer:
         self.outbox: list[tuple[int, int, bytes]] = []
         self.stolen: dict[int, Any] = {}
         self._key = 0
-        self.latencies: list[float] = []  # seconds from request to the task's arrival
-        self._sorted: list[float] = []  # the same, sorted (for the median in ex.stats)
+        self._sorted: list[float] = []  # seconds from request to arrival, sorted (median)
         ex.stats.steal_latency_median_us = 0.0
 
     def is_mine(self, tag: int) -> bool:
@@ -302,7 +301,6 @@ class Stealer:
         fut.remote = (victim, key)
         self.backoff.succeeded()
         now = time.perf_counter()
-        self.latencies.append(now - self.asked_at)
         bisect.insort(self._sorted, now - self.asked_at)
         ex.trace.stole(victim, label, self.asked_at, now)
         with ex.lock:
