@@ -124,13 +124,23 @@ class Cluster:
         plan: Plan | None = None,
         trace: bool = True,
         task_timeout: float | None = None,
+        open: bool = False,
+        retries: int | None = None,
+        on_failure: str | None = None,
+        checkpoint: str | None = None,
+        launch_rate: float | None = None,
+        max_launching: int | None = None,
     ):
         """Plan ``graph`` and start running it; returns a run handle at once.
 
         ``workers``, ``blas_threads``: per rank (default: the cluster's); ``plan``: a
         plan made already; ``trace=False`` records no events (tracing is on by default:
         it is cheap); ``task_timeout``: seconds any task may run (a task's own
-        ``timeout`` wins). Returns a :class:`~taskgraph.cluster.handle.RunHandle`.
+        ``timeout`` wins). ``open``: the run takes ``run.submit`` calls; ``retries``,
+        ``on_failure``: the failure policy of tasks that leave theirs at the default;
+        ``checkpoint``: a directory of finished values, so a run made again skips what is
+        done; ``launch_rate``, ``max_launching``: a launch throttle. Returns a
+        :class:`~taskgraph.cluster.handle.RunHandle`.
         """
         raise NotImplementedError
 

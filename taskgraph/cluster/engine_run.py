@@ -33,6 +33,7 @@ import cloudpickle
 from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.graph import Graph
+from ..dsl.options import NO_RUN_OPTIONS, RunOptions
 from ..plan.planner import Plan
 from ..run.dynamic import call_label
 from ..run.executor import Stats
@@ -90,6 +91,7 @@ class EngineRun(RunHandle):
         task_timeout: float | None = None,
         earlier: list[EngineRun] | None = None,
         open: bool = False,
+        options: RunOptions = NO_RUN_OPTIONS,
     ):
         super().__init__(cluster, graph, plan)
         self.open = open
@@ -103,7 +105,9 @@ class EngineRun(RunHandle):
         ]
         self._own_graph()
         _settle_ended_runs()  # (their holds off the data: their values go with this plan)
-        payload = cloudpickle.dumps((self.plan, workers, blas_threads, trace, task_timeout, open))
+        payload = cloudpickle.dumps(
+            (self.plan, workers, blas_threads, trace, task_timeout, open, options)
+        )
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
         forget = []

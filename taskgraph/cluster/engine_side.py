@@ -25,6 +25,7 @@ the process exits, without the traceback and MPI_Abort that a SIGTERM brings.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -137,7 +138,8 @@ def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) ->
     """Start this rank's share of a planned graph and return at once (``{"rank": r}``):
     the engine takes its next request (another run, a cancel) while this one runs.
     First drop the matrices in ``forget`` (freed in the notebook since the last run).
-    ``payload``: the pickled (plan, workers, blas_threads, trace, task_timeout).
+    ``payload``: the pickled (plan, workers, blas_threads, trace, task_timeout, open,
+    options).
 
     The run's communicators are posted here, in the engine's main thread, which takes
     requests in the order the notebook sent them (the same on every engine). A thread
@@ -145,7 +147,7 @@ def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) ->
     its summary (``{"summary": ...}``, see :func:`_summary`)."""
     for uid in forget:
         forget_matrix(uid)
-    plan, workers, blas_threads, trace, task_timeout, *more = cloudpickle.loads(payload)
+    plan, workers, blas_threads, trace, task_timeout, open, options = cloudpickle.loads(payload)
     cluster = current_cluster()
     publish = _publisher()
     if publish is not None:  # before any task can hold the interpreter
@@ -157,8 +159,9 @@ def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) ->
         blas_threads=blas_threads,
         plan=plan,
         trace=trace,
-        open=bool(more and more[0]),
+        open=open,
         **extra,
+        **{k: v for k, v in dataclasses.asdict(options).items() if v is not None},
     )
     _keep(run_id, run)
     inbox = INBOXES[run_id] = Inbox(run, run_id)

@@ -52,6 +52,7 @@ import numpy as np
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
+from ..dsl.options import RunOptions
 from ..plan.planner import Plan
 from ..run.singlecopy import single_copy_env
 from . import engine_side, watchdog
@@ -421,6 +422,11 @@ class EngineCluster(Cluster, kind="engines"):
         trace: bool = True,
         task_timeout: float | None = None,
         open: bool = False,
+        retries: int | None = None,
+        on_failure: str | None = None,
+        checkpoint: str | None = None,
+        launch_rate: float | None = None,
+        max_launching: int | None = None,
     ) -> EngineRun:
         """Plan here, send graph and plan to every engine in one message; returns at once.
 
@@ -433,7 +439,16 @@ class EngineCluster(Cluster, kind="engines"):
         only one that overlaps an earlier run still going (writes data it uses, or uses
         data it writes) waits for it (``run.state() == "queued"``). ``open``: the run
         takes ``run.submit(fn, *args)`` calls until ``run.close()`` or ``run.wait()``
-        (:mod:`taskgraph.cluster.submit`); ``graph`` may then be left out."""
+        (:mod:`taskgraph.cluster.submit`); ``graph`` may then be left out. ``retries``,
+        ``on_failure``, ``checkpoint``, ``launch_rate``, ``max_launching``: as for
+        :meth:`taskgraph.cluster.job.JobCluster.run`."""
+        options = RunOptions.make(
+            retries=retries,
+            on_failure=on_failure,
+            checkpoint=checkpoint,
+            launch_rate=launch_rate,
+            max_launching=max_launching,
+        )
         if graph is None:
             if not open:
                 raise RunError("cluster.run() needs a graph, unless open=True")
@@ -454,6 +469,7 @@ class EngineCluster(Cluster, kind="engines"):
             task_timeout,
             earlier=self._runs,
             open=open,
+            options=options,
         )
         self._runs = [r for r in self._runs if not r.done()] + [run]
         return run

@@ -42,6 +42,7 @@ import threading
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
+from ..dsl.options import RunOptions
 from ..dsl.tiled import use_clusters
 from ..plan.planner import Plan
 from ..run.comm import World, world
@@ -163,6 +164,11 @@ class JobCluster(Cluster, kind="job"):
         trace: bool = True,
         task_timeout: float | None = None,
         open: bool = False,
+        retries: int | None = None,
+        on_failure: str | None = None,
+        checkpoint: str | None = None,
+        launch_rate: float | None = None,
+        max_launching: int | None = None,
     ) -> Run | IdleRun:
         """Plan ``graph`` and start running it; returns a :class:`Run` at once.
 
@@ -177,7 +183,19 @@ class JobCluster(Cluster, kind="job"):
         ``run.submit(fn, *args)`` calls until ``run.close()`` or ``run.wait()``
         (:mod:`taskgraph.cluster.submit`); ``graph`` may then be left out (a run of
         submitted calls only). A submitted call's value is on the rank that submitted it.
+        ``retries``, ``on_failure``: the failure policy of every task that leaves its own
+        at the default (see :func:`taskgraph.task`); ``checkpoint``: a directory where
+        each finished call's value is kept, so that the same run made again skips what
+        is done; ``launch_rate``: at most this many task starts a second over the run;
+        ``max_launching``: at most this many tasks starting at once on a rank.
         """
+        options = RunOptions.make(
+            retries=retries,
+            on_failure=on_failure,
+            checkpoint=checkpoint,
+            launch_rate=launch_rate,
+            max_launching=max_launching,
+        )
         if graph is None:
             if not open:
                 raise RunError("cluster.run() needs a graph, unless open=True")
@@ -195,6 +213,7 @@ class JobCluster(Cluster, kind="job"):
             trace,
             task_timeout,
             open,
+            options,
         )
 
     def compile(self, dtypes=("float64", "float32")) -> float:

@@ -40,6 +40,7 @@ from ..core.errors import GraphError, RunError
 from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.fingerprint import compare_ranks
 from ..dsl.graph import Graph
+from ..dsl.options import NO_RUN_OPTIONS, RunOptions
 from ..dsl.tilecheck import check_tiles
 from ..plan.planner import Plan
 from ..run.comm import (
@@ -225,6 +226,7 @@ class Run(RunHandle):
     trace : record events.
     task_timeout : seconds any task may run unless it has a ``timeout`` of its own.
     open : the run takes :meth:`submit` calls until :meth:`close` (or ``wait()``).
+    options : the run's failure policy, checkpoint and launch throttle.
     """
 
     def __init__(
@@ -237,6 +239,7 @@ class Run(RunHandle):
         trace: bool = True,
         task_timeout: float | None = None,
         open: bool = False,
+        options: RunOptions = NO_RUN_OPTIONS,
     ):
         assert cluster.world is not None and cluster.rank is not None  # (a member's)
         super().__init__(cluster, graph, plan)
@@ -245,6 +248,7 @@ class Run(RunHandle):
         self.workers = workers
         self.blas_threads = blas_threads
         self.task_timeout = task_timeout
+        self.options = options
         self.open = open
         self._closed = not open  # (under _lock) no more submitted calls
         self.rank_plan = self.plan.for_rank(cluster.rank)
@@ -368,6 +372,7 @@ class Run(RunHandle):
             self.tracing,
             compile_seconds=self.compile_seconds,  # (traced apart from the run's time)
             open=self.open,
+            options=self.options,
             **extra,
         )
 

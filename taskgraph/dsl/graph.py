@@ -24,6 +24,7 @@ it runs (cycles through explicit dependencies), and every error names the tasks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 from collections.abc import Callable, Iterable, Iterator
@@ -34,6 +35,7 @@ import numpy as np
 from ..core.errors import GraphError
 from . import builder as recording
 from . import nested, order
+from .options import DEFAULT, TaskOptions
 from .tasks import Data, Future, Ref, Task, TaskRef, check_timeout
 
 if TYPE_CHECKING:
@@ -82,13 +84,28 @@ class TaskFunction:
         cost: float = 1.0,
         timeout: float | None = None,
         nbytes: int | Callable[..., int] | None = None,
+        options: TaskOptions | None = None,
     ):
         self.fn = fn
         self.name = fn.__name__
         self.cost_value = cost
         self.timeout = check_timeout(timeout, f"task {fn.__name__}")
         self.nbytes = nbytes if callable(nbytes) else _check_nbytes(nbytes, f"task {fn.__name__}")
+        self.options = options or DEFAULT
+        if self.options.timeout != self.timeout:
+            self.options = dataclasses.replace(self.options, timeout=self.timeout)
         functools.update_wrapper(self, fn)
+
+    def with_options(self, **kw) -> TaskFunction:
+        """A copy of this task function with some options changed, for some calls:
+        ``f.with_options(retries=3, cores=2)(x)``. Takes ``cost``, ``timeout``,
+        ``nbytes`` and the options of :func:`task` (``retries``, ``on_failure``,
+        ``cores``, ``memory``, ``gpus``, ``ranks``, ``process``)."""
+        cost = kw.pop("cost", self.cost_value)
+        timeout = kw.pop("timeout", self.timeout)
+        nbytes = kw.pop("nbytes", self.nbytes)
+        options = TaskOptions.make(f"task {self.name}", self.options, timeout=timeout, **kw)
+        return type(self)(self.fn, cost, timeout, nbytes, options)
 
     def __call__(self, *args, **kwargs):
         b = recording.active()
@@ -137,10 +154,12 @@ def task(
     cost: float = 1.0,
     timeout: float | None = None,
     nbytes: int | Callable[..., int] | None = None,
+    **options,
 ):
     """Make a plain function a task: inside a graph, calls return :class:`Future` s.
 
-    Use as ``@tg.task``, ``@tg.task(cost=..., timeout=..., nbytes=...)`` or ``tg.task(fn)``.
+    Use as ``@tg.task``, ``@tg.task(cost=..., timeout=..., retries=..., cores=...)`` or
+    ``tg.task(fn)``.
 
     Parameters
     ----------
@@ -160,10 +179,26 @@ def task(
         (:meth:`Graph.preview`): an int, or a callable of the call's arguments
         (``nbytes=lambda n: 8 * n``; futures arrive as futures). None: 64 bytes. The
         trace and ``run.stats`` always count the real size, measured when it is sent.
+    retries, on_failure:
+        The failure policy: ``retries`` more attempts after a failed one, then
+        ``on_failure="fail"`` (the run fails: the default), ``"skip"`` (its dependents
+        are cancelled, the rest goes on) or ``"ignore"`` (dependents get the exception
+        as their input). A run's ``cluster.run(g, retries=, on_failure=)`` sets them for
+        every task that leaves its own at the default.
+    cores, memory, gpus, ranks:
+        What one attempt holds on its rank while it runs (``memory`` in bytes or as
+        ``"2GB"``); a rank never starts more than it has. ``ranks``: the MPI ranks of
+        an executable task (:func:`taskgraph.shell` and friends).
+    process:
+        Run each call in a process of the rank's pool rather than in a worker thread,
+        for functions that hold the GIL (the function and its arguments must pickle).
     """
-    if fn is None:
-        return lambda f: TaskFunction(f, cost, timeout, nbytes)
-    return TaskFunction(fn, cost, timeout, nbytes)
+
+    def make(f):
+        opts = TaskOptions.make(f"task {f.__name__}", timeout=timeout, **options)
+        return TaskFunction(f, cost, timeout, nbytes, opts)
+
+    return make if fn is None else make(fn)
 
 
 class Graph:

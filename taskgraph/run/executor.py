@@ -43,6 +43,7 @@ import numpy as np
 
 from ..core.errors import RunError
 from ..dsl.graph import Graph
+from ..dsl.options import NO_RUN_OPTIONS, RunOptions
 from ..plan.planner import RankPlan
 from ..trace.recorder import TASK_FAILED, Recorder
 from . import comm as commlib
@@ -50,6 +51,7 @@ from . import doorbell
 from .buffers import BufferPool, Stats, gc_frozen
 from .direct import DirectPath, direct_task
 from .dynamic import SpawnRunner
+from .launcher import Launcher
 from .outcome import Failure, OutcomeProtocol
 from .schedstate import DONE, FAILED, READY, RUNNING, WAITING, SchedState, State
 from .steal import Stealer, idle_depth
@@ -139,6 +141,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         task_timeout: float | None = None,
         compile_seconds: float = 0.0,
         open: bool = False,
+        options: RunOptions = NO_RUN_OPTIONS,
     ):
         """``graph`` and ``plan``: what to run (this rank's share); ``network``: this
         run's communicator; ``workers``: worker threads; ``pool``: receive buffers kept
@@ -148,13 +151,16 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         interrupted and abandoned (see :func:`interrupt_thread`). ``compile_seconds``:
         the time spent compiling kernels before the run, traced apart from its time.
         ``open``: the run takes calls from outside its tasks (:meth:`submit`) and does
-        not end before :meth:`close_submissions`."""
+        not end before :meth:`close_submissions`. ``options``: the run's failure policy,
+        checkpoint and launch throttle (:class:`~taskgraph.dsl.options.RunOptions`)."""
         self.graph = graph
+        self.options = options
         self.plan = plan
         self.net = network
         self.nworkers = max(1, workers)
         self.pool = pool if pool is not None else BufferPool()
         self.stats = Stats()
+        self.launcher = Launcher(self)
         nsends = sum(len(v) for v in plan.sends.values())
         self.trace = Recorder(
             len(plan.tasks),
@@ -338,6 +344,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 self.lock.notify_all()
                 self.drop_spawned()
             self._join_workers(threads)
+            self.launcher.close()
             if isinstance(self.wake, doorbell.Doorbell):
                 self.wake.close()
         self.trace.wall = self.trace.now()
