@@ -80,3 +80,16 @@ class TaskError(TaskgraphError, RuntimeError):
 
 class RunError(TaskgraphError, RuntimeError):
     """A run failed for a reason that is not one task's error (a lost rank, a cancel)."""
+
+
+class ExecutableError(TaskgraphError, RuntimeError):
+    """An executable task failed: it exited non-zero, ran past its timeout, or could not
+    start. The message names the command, the exit code and the tail of its stderr;
+    ``result``: the :class:`~taskgraph.dsl.exe.ExeResult` (None if it never started)."""
+
+    def __init__(self, message: str, result=None):
+        self.result = result
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.result))
