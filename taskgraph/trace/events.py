@@ -20,6 +20,27 @@ from .report import write_report
 __all__ = ["TASK_DONE", "TASK_FAILED", "FORMAT", "Recorder", "Trace", "TraceError"]
 
 
+def _attempt_rows(rank: int, at: dict, shift: float) -> list[list]:
+    """A batch's attempt columns as merged rows (times moved by ``shift``)."""
+
+    def moved(xs: list) -> list:
+        return [None if x is None else x + shift for x in xs]
+
+    cols = (at["ready"], at["launched"], at["started"], at["ended"])
+    return [
+        [rank, w, label, task, n, st, r, la, s, e, c]
+        for w, label, task, n, st, r, la, s, e, c in zip(
+            at["worker"],
+            at["label"],
+            at["task"],
+            at["attempt"],
+            at["state"],
+            *(moved(xs) for xs in cols),
+            at["cores"],
+        )
+    ]
+
+
 # -- the merged trace of a run -------------------------------------------------------
 
 FORMAT = "taskgraph-trace/1"
@@ -60,6 +81,8 @@ class Trace:
         self.messages: list[list] = []  # [src, dst, bytes, tag, posted, done]
         self.spawned: list[list] = []  # [rank, worker, start, end, name, state]
         self.steals: list[list] = []  # [thief, victim, name, requested, arrived]
+        # [rank, worker, label, task, attempt, state, ready, launched, started, ended, cores]
+        self.attempt_rows: list[list] = []
         self.looking = [0.0] * nranks  # seconds each rank had a steal request out
         self._half: dict[tuple, list] = {}  # one side of a message seen so far
         self.sent = np.zeros((nranks, nranks), np.int64)
@@ -160,6 +183,11 @@ class Trace:
                     st["victim"], st["name"], st["requested"], st["arrived"]
                 )
             ]
+        at = events.get("attempts")
+        if at:
+            if self.status == "empty":  # calls submitted to an empty graph
+                self.status = "running"
+            self.attempt_rows += _attempt_rows(rank, at, shift)
 
     def _shift(self, batch: dict) -> float:
         """Seconds to add to a rank's times. Ranks on one host share its monotonic clock,
@@ -204,6 +232,9 @@ class Trace:
             if row[0] in on:
                 row[3] += delta
                 row[4] += delta
+        for row in self.attempt_rows:
+            if row[0] in on:
+                row[6:10] = [None if x is None else x + delta for x in row[6:10]]
         for (src, dst, _), half in self._half.items():
             if (src if half[0] > 0 else dst) in on:
                 half[1] += delta
@@ -444,6 +475,7 @@ class Trace:
             "spawned": self.spawned,
             "steals": self.steals,
             "looking": self.looking,
+            "attempts": self.attempt_rows,
         }
 
     @classmethod
@@ -463,6 +495,7 @@ class Trace:
             t.compile_seconds = d.get("compile_seconds", 0.0)  # (older files have none)
             t.spawned, t.steals = d.get("spawned", []), d.get("steals", [])
             t.looking = d.get("looking", [0.0] * t.nranks)
+            t.attempt_rows = d.get("attempts", [])
             for row in t.tasks:
                 if row[6] == TASK_DONE:
                     t.kernel_done[row[4]] += 1

@@ -16,8 +16,11 @@ Message rows: peer, bytes, tag, posted, completed, direction (+1 sent, -1 receiv
 Spawned rows: worker, start, end, name, state: a call made by ``tg.spawn`` that ran here
 Steal rows:   victim, name, requested, arrived: a spawned call this rank stole
               (latency = arrived - requested)
+Attempt rows: worker, label, task, attempt, state, ready, launched, started, ended,
+              cores: one attempt of a managed call (one with retries, resources, a
+              timeout, a checkpoint...; task -1 for a spawned or submitted call)
 
-Spawned and steal rows are not known from the plan: they are appended, one tuple per
+Spawned, steal and attempt rows are not known from the plan: they are appended, one tuple per
 row (a single ``list.append``, atomic under the GIL, so any thread may record and a
 batch never sees half a row). A static graph records none. ``looking`` sums the
 seconds this rank had a steal request out (request to reply, found work or not).
@@ -33,6 +36,20 @@ import time
 from typing import Any
 
 TASK_DONE, TASK_FAILED = 1, 2
+
+# how an attempt of a managed call ended (the state of an attempt row)
+ATTEMPT_DONE = "done"
+ATTEMPT_FAILED = "failed"  # the last attempt failed: the failure policy applies
+ATTEMPT_RETRIED = "retried"  # failed, and another attempt follows
+ATTEMPT_SKIPPED = "skipped"  # never ran: a task it depends on failed (on_failure="skip")
+ATTEMPT_CHECKPOINT = "checkpoint-hit"  # not run: its value came from the checkpoint
+ATTEMPT_STATES = (
+    ATTEMPT_DONE,
+    ATTEMPT_FAILED,
+    ATTEMPT_RETRIED,
+    ATTEMPT_SKIPPED,
+    ATTEMPT_CHECKPOINT,
+)
 
 
 class Recorder:
@@ -75,6 +92,7 @@ class Recorder:
         self.nmsgs = 0
         self.spawn_rows: list[tuple[int, float, float, str, int]] = []
         self.steal_rows: list[tuple[int, str, float, float]] = []
+        self.attempt_rows: list[tuple] = []
         self.looking = 0.0
 
     def start(self) -> None:
@@ -137,6 +155,31 @@ class Recorder:
         if self.enabled:
             self.steal_rows.append((victim, name, requested, arrived))
 
+    def attempt(
+        self,
+        worker: int,
+        label: str,
+        task: int,
+        attempt: int,
+        state: str,
+        ready: float | None,
+        launched: float | None,
+        started: float | None,
+        ended: float | None,
+        cores: int = 1,
+    ) -> None:
+        """One attempt of a managed call ended (any thread). ``worker``: the worker that
+        ran it; ``label``: what it is (``"f(3)"``); ``task``: its static task id, -1 for
+        a spawned or submitted call; ``attempt``: 1, 2, ...; ``state``: one of
+        :data:`ATTEMPT_STATES`; ``ready`` (it could start), ``launched`` (its resources
+        were taken and its launch began), ``started`` (its code ran), ``ended``: times
+        from ``clock``, None for a stamp it never reached (a skipped call has none);
+        ``cores``: the cores it held (``ranks`` x ``cores``)."""
+        if self.enabled:
+            self.attempt_rows.append(
+                (worker, label, task, attempt, state, ready, launched, started, ended, cores)
+            )
+
     def looked(self, seconds: float) -> None:
         """A steal request of this rank was answered ``seconds`` after it was sent."""
         self.looking += seconds
@@ -145,8 +188,8 @@ class Recorder:
         """Events recorded since ``cursor`` (the one the last batch returned; (0, 0) at
         first), as plain lists, and the new cursor."""
         t, m = self.ntasks, self.nmsgs
-        ns, nk = len(self.spawn_rows), len(self.steal_rows)
-        ct, cm, cs, ck = (tuple(cursor) + (0, 0))[:4]
+        ns, nk, na = len(self.spawn_rows), len(self.steal_rows), len(self.attempt_rows)
+        ct, cm, cs, ck, ca = (tuple(cursor) + (0, 0, 0))[:5]
         t0 = self.t0
         spawn = self.spawn_rows[cs:ns]
         steal = self.steal_rows[ck:nk]
@@ -180,6 +223,8 @@ class Recorder:
                 "arrived": [r[3] - t0 for r in steal],
             },
         }
+        if na > ca:  # (only with rows: a static run's batch stays as it was)
+            events["attempts"] = self._attempts(self.attempt_rows[ca:na])
         out = {
             "rank": self.rank,
             "host": self.host,
@@ -191,4 +236,24 @@ class Recorder:
             "looking": self.looking,
             "events": events,
         }
-        return out, (t, m, ns, nk)
+        return out, (t, m, ns, nk, na)
+
+    def _attempts(self, rows: list[tuple]) -> dict[str, list]:
+        """Attempt rows as columns, their times as seconds since the start."""
+        t0 = self.t0
+
+        def since(i: int) -> list:
+            return [None if r[i] is None else r[i] - t0 for r in rows]
+
+        return {
+            "worker": [r[0] for r in rows],
+            "label": [r[1] for r in rows],
+            "task": [r[2] for r in rows],
+            "attempt": [r[3] for r in rows],
+            "state": [r[4] for r in rows],
+            "ready": since(5),
+            "launched": since(6),
+            "started": since(7),
+            "ended": since(8),
+            "cores": [r[9] for r in rows],
+        }
