@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..core.files import write_atomic
+from . import cores as corelib
 from .chrome import chrome_events
 from .recorder import TASK_DONE, TASK_FAILED, Recorder
 from .report import write_report
@@ -83,6 +84,7 @@ class Trace:
         self.steals: list[list] = []  # [thief, victim, name, requested, arrived]
         # [rank, worker, label, task, attempt, state, ready, launched, started, ended, cores]
         self.attempt_rows: list[list] = []
+        self.begun = [0] * nranks  # attempts launched on each rank, as it last said
         self.looking = [0.0] * nranks  # seconds each rank had a steal request out
         self._half: dict[tuple, list] = {}  # one side of a message seen so far
         self.sent = np.zeros((nranks, nranks), np.int64)
@@ -128,6 +130,7 @@ class Trace:
         self.wall[rank] = batch["wall"]
         self.compile_seconds = max(self.compile_seconds, batch.get("compile", 0.0))
         self.looking[rank] = batch.get("looking", 0.0)
+        self.begun[rank] = batch.get("begun", self.begun[rank])
         shift = self._shift(batch)
         # (not the batch's "elapsed": an engine counts from before it compiled kernels)
         self._end_of[rank] = batch["wall"] + shift
@@ -248,7 +251,7 @@ class Trace:
         """The run ended (well, or with ``error``): settle status and critical path."""
         if error is not None:
             self.status, self.error = "failed", error
-        elif self.labels or self.spawned:
+        elif self.labels or self.spawned or self.attempt_rows:
             self.status = "done"
         self.critical = self._critical_path()
 
@@ -278,7 +281,7 @@ class Trace:
     @property
     def makespan(self) -> float:
         """Seconds from the run's start to the last task's end (or the longest rank)."""
-        ends = [row[3] for row in self.tasks]
+        ends = [row[3] for row in self.tasks] + [r[9] for r in self.attempt_rows if r[9]]
         return max(ends + [max(self.wall, default=0.0)], default=0.0)
 
     def lanes(self) -> list[dict]:
@@ -351,6 +354,36 @@ class Trace:
             "steal_latency_median": median,
         }
 
+    # -- a many-task run's attempts (see taskgraph.trace.cores) ------------------------
+
+    def attempts(self) -> list[dict]:
+        """One dict per attempt of a managed call: rank, worker, label, task (-1: a
+        spawned or submitted call), attempt, state, the ready/launched/started/ended
+        stamps (seconds since the start; None where not reached) and cores."""
+        return corelib.attempts_table(self.attempt_rows)
+
+    def overheads(self) -> dict:
+        """Per attempt that ran, seconds ready -> launched (``wait``: scheduled),
+        launched -> started (``launch``), started -> ended (``run``) and in all
+        (``total``), with the median of each: ``{"rows", "median", "count"}``."""
+        return corelib.overheads(self.attempt_rows)
+
+    def core_utilisation(self, cores: list[int] | None = None) -> dict:
+        """Each core over time in RADICAL-Pilot's states (launching, running, idle,
+        runtime overhead): ``cores[r]`` slots on rank ``r`` (default: its workers);
+        see :func:`taskgraph.trace.cores.core_states`."""
+        slots = cores if cores is not None else [max(1, w) for w in self.workers]
+        return corelib.core_states(self.attempt_rows, slots, self.makespan)
+
+    def state_counts(self) -> dict:
+        """Managed calls pending, running, done, failed, skipped, and the retries
+        (see :func:`taskgraph.trace.cores.state_counts`)."""
+        ran = sum(1 for r in self.attempt_rows if r[8] is not None)
+        running = max(0, sum(self.begun) - ran) if any(self.begun) else None
+        if self.status in ("done", "failed"):
+            running = 0 if running is not None else None
+        return corelib.state_counts(self.attempt_rows, len(self.labels), running)
+
     def progress(self) -> dict:
         """Tasks done of all, the rate, elapsed and remaining seconds, and per kernel."""
         done = sum(self.kernel_done)
@@ -387,7 +420,15 @@ class Trace:
             "critical": self.critical,
             "makespan": self.makespan,
             "dynamic": self.dynamic(),
+            **self._ensemble_state(),
         }
+
+    def _ensemble_state(self) -> dict:
+        """The state counts, only for a run with managed calls (a static run's state
+        stays as it was)."""
+        if not self.attempt_rows and not any(self.begun):
+            return {}
+        return {"ensemble": self.state_counts()}
 
     def event_rows(
         self,
@@ -475,7 +516,7 @@ class Trace:
             "spawned": self.spawned,
             "steals": self.steals,
             "looking": self.looking,
-            "attempts": self.attempt_rows,
+            **({"attempts": self.attempt_rows, "begun": self.begun} if self.attempt_rows else {}),
         }
 
     @classmethod
@@ -496,6 +537,7 @@ class Trace:
             t.spawned, t.steals = d.get("spawned", []), d.get("steals", [])
             t.looking = d.get("looking", [0.0] * t.nranks)
             t.attempt_rows = d.get("attempts", [])
+            t.begun = d.get("begun", [0] * t.nranks)
             for row in t.tasks:
                 if row[6] == TASK_DONE:
                     t.kernel_done[row[4]] += 1

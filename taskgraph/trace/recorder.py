@@ -93,6 +93,7 @@ class Recorder:
         self.spawn_rows: list[tuple[int, float, float, str, int]] = []
         self.steal_rows: list[tuple[int, str, float, float]] = []
         self.attempt_rows: list[tuple] = []
+        self.begun: list[None] = []  # one entry per attempt launched (len: atomic count)
         self.looking = 0.0
 
     def start(self) -> None:
@@ -154,6 +155,12 @@ class Recorder:
         arrived at ``arrived`` (both from ``clock``)."""
         if self.enabled:
             self.steal_rows.append((victim, name, requested, arrived))
+
+    def begin(self) -> None:
+        """An attempt of a managed call was launched (any thread): until its
+        :meth:`attempt` row comes, it counts as running in the live state counts."""
+        if self.enabled:
+            self.begun.append(None)
 
     def attempt(
         self,
@@ -225,6 +232,7 @@ class Recorder:
         }
         if na > ca:  # (only with rows: a static run's batch stays as it was)
             events["attempts"] = self._attempts(self.attempt_rows[ca:na])
+        nb = len(self.begun)
         out = {
             "rank": self.rank,
             "host": self.host,
@@ -236,6 +244,8 @@ class Recorder:
             "looking": self.looking,
             "events": events,
         }
+        if nb:
+            out["begun"] = nb  # attempts launched so far on this rank
         return out, (t, m, ns, nk, na)
 
     def _attempts(self, rows: list[tuple]) -> dict[str, list]:
