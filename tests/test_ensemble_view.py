@@ -171,3 +171,49 @@ def test_a_static_trace_state_has_no_ensemble_counts():
     t = Trace("static", 1, ["a"], [0], ["f"])
     assert "ensemble" not in t.state()
     assert "attempts" not in t.to_dict() and t.state_counts()["running"] is None
+
+
+ROWS = [
+    [0, 0, "sim(1)", 0, 1, "retried", 0.0, 0.01, 0.02, 0.05, 1],
+    [0, 0, "sim(1)", 0, 2, "done", 0.05, 0.05, 0.06, 0.1, 1],
+    [1, 1, "sim(2)", 1, 1, "done", 0.0, 0.0, 0.01, 0.08, 2],
+]
+
+
+def ensemble_trace() -> Trace:
+    t = Trace("ens", 2, ["sim(1)", "sim(2)"], [0, 0], ["sim"])
+    t.workers, t.wall = [2, 2], [0.1, 0.1]
+    t.attempt_rows = [list(r) for r in ROWS]
+    t.finish()
+    return t
+
+
+def test_the_report_draws_each_core_and_the_overheads_of_a_run_with_attempts():
+    from taskgraph.trace.report import report_html
+
+    page = report_html(ensemble_trace())
+    assert 'id="tg-ensemble"' in page and 'data-lanes="4"' in page  # 2 ranks x 2 workers
+    for colour in ("#4e79a7", "#f28e2b", "#d0d4da"):  # running, launching, idle
+        assert f'fill="{colour}"' in page
+    assert "Overheads of 3 attempts" in page and "ready → launched" in page
+    assert "2 done" in page and "1 retries" in page
+
+
+def test_a_static_report_and_widget_state_are_as_before():
+    from taskgraph.trace.report import report_html
+
+    t = Trace("static", 1, ["a"], [0], ["f"])
+    t.tasks = [[0, 0, 0.0, 1.0, 0, 0, 1]]
+    t.finish()
+    page = report_html(t)
+    assert "tg-ensemble" not in page
+    assert '<div id="taskgraph-report"></div>\n<script type="application/json"' in page
+    assert "ensemble" not in t.state()
+
+
+def test_the_widget_state_carries_the_counts():
+    from taskgraph.trace.widgets import RunView
+
+    view = RunView(trace=ensemble_trace())
+    counts = view.state["ensemble"]
+    assert (counts["done"], counts["retries"], counts["pending"]) == (2, 1, 0)

@@ -61,6 +61,12 @@ function dynamicText(d) { // spawned calls and steals: shown only where a run ha
     (d.steals ? ` (median latency ${fmtTime(d.steal_latency_median)})` : "");
 }
 
+function ensembleText(e) { // managed calls' state counts: shown only where a run had them
+  if (!e) return "";
+  return ` · ${e.pending} pending · ${e.running == null ? "?" : e.running} running · ${e.done} done` +
+    ` · ${e.failed} failed · ${e.skipped} skipped · ${e.retries} retries`;
+}
+
 function fmtTime(s, digits = 2) { // digits: decimals of seconds (more for exact times)
   if (s == null || !isFinite(s)) return "—";
   const a = Math.abs(s);
@@ -324,7 +330,8 @@ function render({ model, el }) {
     // compiling kernels happens before the run: shown apart, never in "elapsed"
     stats.textContent = `${(p.rate || 0).toFixed(1)} tasks/s · elapsed ${fmtTime(p.elapsed || 0)}` +
       (p.compile > 0 ? ` (+ ${fmtTime(p.compile)} compiling kernels before)` : "") +
-      ` · ETA ${p.eta == null ? "—" : fmtTime(p.eta)}` + dynamicText(state.dynamic);
+      ` · ETA ${p.eta == null ? "—" : fmtTime(p.eta)}` + dynamicText(state.dynamic) +
+      ensembleText(state.ensemble);
     errorBox.textContent = st === "failed" ? (state.error || "failed") : "";
     errorBox.style.display = st === "failed" ? "" : "none";
     emptyBox.textContent = st === "empty" ? "empty graph: nothing to run" : "";
