@@ -190,7 +190,7 @@ def test_the_mpi_launcher_and_the_cores_a_call_asks_for(monkeypatch, tmp_path):
     monkeypatch.setenv("TASKGRAPH_MPIEXEC", "/opt/mpi/bin/mpirun")
     assert launcher(2) == ["/opt/mpi/bin/mpirun", "-n", "2"]
     srun = tmp_path / "srun"  # a SLURM allocation: SLURM_JOB_ID set and srun on PATH
-    srun.write_text("#!/bin/sh\necho srun \"$@\"\n")
+    srun.write_text('#!/bin/sh\necho srun "$@"\n')
     srun.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "42")
@@ -240,8 +240,10 @@ with tg.Graph("exe") as g:
     counted = shell("wc -l < {{f}}", f=made)
     mpi = exe([sys.executable, "-c", {mpi_size!r}], ranks=2, env={env!r})
 c.run(g, workers=2).wait(60)
-print(f"rank {{c.rank}}: counted {{counted.result()}}", flush=True)
-print(f"rank {{c.rank}}: mpi {{mpi.result().stdout.split()}}", flush=True)
+# (two ranks' lines, and the MPI program's, may interleave: one write each, in order)
+sys.stdout.write(f"rank {{c.rank}}: counted {{counted.result()}}\\n")
+sys.stdout.write(f"rank {{c.rank}}: mpi {{sorted(mpi.result().stdout)}}\\n")
+sys.stdout.flush()
 """
 
 
@@ -255,7 +257,7 @@ def run_exe_job(mpirun, tmp_path, env: dict, job_env: dict | None = None) -> str
     out = proc.stdout
     for rank in range(2):
         assert f"rank {rank}: counted 4" in out, out
-        assert f"rank {rank}: mpi ['2', '2']" in out, out + proc.stderr[-3000:]
+        assert f"rank {rank}: mpi ['\\n', '\\n', '2', '2']" in out, out + proc.stderr[-3000:]
     return out
 
 
@@ -277,4 +279,3 @@ def test_a_2_rank_mpi_program_from_a_task_under_open_mpi(mpirun, tmp_path, monke
     # the job's own Open MPI settings are dropped from the task's child: the task sets its own
     inner = {"OMPI_MCA_rmaps_base_oversubscribe": "1", **root}
     run_exe_job(mpirun, tmp_path, env=inner, job_env=outer)
-
