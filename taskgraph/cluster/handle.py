@@ -18,6 +18,7 @@ from typing import Any
 from ..core.errors import GraphError, RunError
 from ..dsl.graph import Graph
 from ..plan.planner import Plan, make_plan
+from ..run.attempts import Skipped, Summary, say_summary
 from ..run.executor import Stats
 from ..trace.events import Trace
 
@@ -106,6 +107,36 @@ class RunHandle:
     def __repr__(self) -> str:
         return f"<Run {self.graph.name!r} on {self.cluster.size} {self.where}: {self.state()}>"
 
+    # -- the summary -----------------------------------------------------------------
+
+    def summary(self) -> Summary:
+        """What the run did, over every rank, once it has ended (waits for it, without
+        raising its error): calls that succeeded (with retries, and those read from
+        the checkpoint), failed (each with its error), were skipped, and how many
+        retries happened. Prints readably; a table in a notebook."""
+        join = getattr(self, "join", None)
+        if join is not None:
+            join()
+        else:  # (an engine run: its wait() raises the run's error, the summary stands)
+            try:
+                self.wait()
+            except Exception:  # noqa: BLE001 - the summary says what failed
+                pass
+        found = self._summary()
+        return found if found is not None else Summary(self.graph.name)
+
+    def _summary(self) -> Summary | None:
+        """The run's summary where this side has it (None: not known here)."""
+        return getattr(getattr(self, "executor", None), "summary", None)
+
+    def _say_summary(self) -> None:
+        """At the end of ``wait()`` in a script: print the summary (once, on rank 0)
+        when anything failed, was skipped or retried."""
+        if getattr(self, "_summary_said", False):
+            return
+        self._summary_said = True
+        say_summary(self._summary(), getattr(self.cluster, "rank", 0) or 0)
+
     # -- values ----------------------------------------------------------------------
 
     def result(self, future=None):
@@ -117,7 +148,10 @@ class RunHandle:
         tid = self._task_of(future)
         if tid not in self.values:
             self.values[tid] = self._fetch(tid)
-        return self.values[tid]
+        value = self.values[tid]
+        if value.__class__ is Skipped:  # (on_failure="skip": it has no value)
+            raise value.exception()
+        return value
 
     def _task_of(self, future) -> int:
         """The task id whose value ``future`` names (the only sink for None)."""

@@ -495,6 +495,7 @@ class Run(RunHandle):
             raise TimeoutError(f"run of {self.graph.name!r} still {self.state()} after {timeout} s")
         if self._error is not None:
             raise self._error
+        self._say_summary()  # (in a script, if anything failed, was skipped or retried)
         return self
 
     def cancel(self, reason: str | None = None) -> None:

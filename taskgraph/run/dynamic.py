@@ -39,6 +39,7 @@ from typing import Any
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..trace.recorder import TASK_DONE, TASK_FAILED
+from . import attempts
 
 PENDING, RUNNING, DONE, FAILED = range(4)
 
@@ -153,6 +154,8 @@ class SpawnFuture(Frame):
         if self.state == FAILED:
             self.observed = True
             raise self.error()
+        if self.value.__class__ is attempts.Skipped:  # (on_failure="skip")
+            raise self.value.exception(self.owner.net.host)
         return self.value
 
     def error(self) -> SpawnedTaskError:
@@ -206,7 +209,7 @@ def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
     ex, index, frames = _context("tg.spawn")
     if not frames:  # the first spawn of the static task this worker runs
         frames.append(Frame(ex.graph.label(ex.current[index]), 0))
-    return ex.push_spawned(frames[-1], getattr(fn, "fn", fn), args, kwargs)
+    return ex.push_spawned(frames[-1], attempts.spawn_fn(fn), args, kwargs)
 
 
 def wait(futures: Iterable[SpawnFuture]) -> list:
@@ -277,7 +280,7 @@ class SpawnRunner:
         pool as a child of no task (it may be stolen); its future. Any thread; the run
         does not end on this rank before it has ended. RunError once the run stops or
         no longer takes calls (see :meth:`close_submissions`)."""
-        fut = SpawnFuture(self, getattr(fn, "fn", fn), args, kwargs, 1)
+        fut = SpawnFuture(self, attempts.spawn_fn(fn), args, kwargs, 1)
         fut.submitted = True
         with self.lock:
             if self.stopping or self.failure is not None:
@@ -352,8 +355,15 @@ class SpawnRunner:
         value: Any = None
         exc: BaseException | None = None
         start = self.trace.clock()
+        worker = _tls.ctx[1] if getattr(_tls, "ctx", None) is not None else 0
+        opts = attempts.spawned_options(self, item.fn)
         try:
-            value = item.fn(*item.args, **item.kwargs)
+            if opts is None:
+                value = item.fn(*item.args, **item.kwargs)
+            else:  # retries, a failure policy, a checkpoint: see taskgraph.run.attempts
+                value = attempts.run_call(
+                    self, worker, item.label(), item.fn, item.args, item.kwargs, opts
+                )
         except BaseException as e:  # noqa: BLE001 - kept for the waiter
             exc = e
         try:
@@ -363,7 +373,8 @@ class SpawnRunner:
                 value, exc = None, e
         finally:
             frames.pop()
-        worker = _tls.ctx[1] if getattr(_tls, "ctx", None) is not None else 0
+        if opts is None:  # (a managed call counts itself)
+            attempts.count_plain(self.tally, item, exc, self.net)
         state = TASK_DONE if exc is None else TASK_FAILED
         self.trace.spawned(worker, start, self.trace.clock(), item.label(), state)
         self.complete(item, value, exc)

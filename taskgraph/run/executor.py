@@ -47,7 +47,7 @@ from ..dsl.options import NO_RUN_OPTIONS, RunOptions
 from ..plan.planner import RankPlan
 from ..trace.recorder import TASK_FAILED, Recorder
 from . import comm as commlib
-from . import doorbell
+from . import attempts, doorbell
 from .buffers import BufferPool, Stats, gc_frozen
 from .direct import DirectPath, direct_task
 from .dynamic import SpawnRunner
@@ -242,6 +242,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         if network.size > 1 and graph._values:
             self.steal = self.transfers.steal = Stealer(self, network)
             self.wake = doorbell.make()  # (other ranks ring it: see Stealer.connect)
+        attempts.install(self)  # failure policies, checkpoint (plain runs: no change)
 
     @property
     def net_token(self) -> threading.Lock:
@@ -259,6 +260,8 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 continue
             limit = self._limits.get(tasks[t].fn)
             if limit is not None and now - start > limit:
+                if attempts.expire(self, i, now):
+                    continue  # an attempt under a failure policy: that attempt failed
                 self._abandoned.add(i)
                 self.trace.task(t, i, start, now, TASK_FAILED)
                 self._fail(t, TimeoutError(f"timed out after {limit:g} s"))

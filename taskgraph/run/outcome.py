@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
+from . import attempts
 from . import comm as commlib
 from .schedstate import FAILED
 
@@ -151,12 +152,14 @@ class OutcomeProtocol:
             if late:
                 failure = late[0]
             mine = failure.to_wire() if failure and failure.origin else None
-            outcomes = net.allgather((mine, self._stuck))
-            origins = [Failure.from_wire(o) for o, _ in outcomes if o is not None]
+            outcomes = net.allgather((mine, self._stuck, attempts.wire(self)))
+            origins = [Failure.from_wire(o) for o, _, _ in outcomes if o is not None]
             failure = origins[0] if origins else failure
-            stuck = [s for _, part in outcomes for s in part]
+            stuck = [s for _, part, _ in outcomes for s in part]
+            attempts.conclude(self, [tally for _, _, tally in outcomes])
         else:
             stuck = self._stuck
+            attempts.conclude(self, None)
         if failure is not None and stuck:
             failure = dataclasses.replace(failure, error=f"{failure.error}; " + "; ".join(stuck))
         if self.trace.enabled:  # every rank's events, on rank 0 (failed runs too)
