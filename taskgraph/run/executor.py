@@ -46,8 +46,8 @@ from ..dsl.graph import Graph
 from ..dsl.options import NO_RUN_OPTIONS, RunOptions
 from ..plan.planner import RankPlan
 from ..trace.recorder import TASK_FAILED, Recorder
-from . import comm as commlib
 from . import attempts, doorbell
+from . import comm as commlib
 from .buffers import BufferPool, Stats, gc_frozen
 from .direct import DirectPath, direct_task
 from .dynamic import SpawnRunner
