@@ -15,6 +15,7 @@ from . import teach
 from .cluster import Cluster, JobCluster, Run, compile_kernels, current_cluster
 from .cluster.submit import EngineFuture, as_completed
 from .core.errors import (
+    ExecutableError,
     GraphError,
     NotPositiveDefiniteError,
     PlanError,
@@ -25,6 +26,7 @@ from .core.errors import (
 )
 from .dsl.access import Access, Mode
 from .dsl.datadeps import Data, r, rw, w
+from .dsl.exe import ExeResult, exe, shell
 from .dsl.graph import Graph, task
 from .dsl.kernel import Kernel, kernel
 from .dsl.tasks import Future, TaskRef
@@ -40,6 +42,8 @@ __all__ = [
     "Cluster",
     "Data",
     "EngineFuture",
+    "ExeResult",
+    "ExecutableError",
     "JobCluster",
     "Future",
     "Graph",
@@ -66,10 +70,12 @@ __all__ = [
     "as_completed",
     "compile_kernels",
     "current_cluster",
+    "exe",
     "kernel",
     "make_plan",
     "r",
     "rw",
+    "shell",
     "spawn",
     "task",
     "teach",
