@@ -30,6 +30,7 @@ SUITES = [
     "graphsize",
     "tracing",
     "dynamic",
+    "ensemble",
 ]
 RESULTS = Path(__file__).parent / "results"
 

