@@ -42,11 +42,12 @@ import threading
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..dsl.options import RunOptions
+from ..dsl.options import RunOptions, parse_memory
 from ..dsl.tiled import use_clusters
 from ..plan.planner import Plan
 from ..run.comm import World, world
 from ..run.executor import BufferPool
+from ..run.resources import set_limits
 from .base import Cluster
 from .jobrun import IdleRun, Run, compile_kernels, runs_in_flight
 from .submit import ensemble_graph
@@ -67,7 +68,9 @@ class JobCluster(Cluster, kind="job"):
     ``workers``, ``blas_threads``: as :class:`Cluster`; ``timeout`` is accepted for a
     notebook's code and means nothing here; ``fetch_timeout``: seconds a rank waits
     for another rank's value in ``future.result()``; ``world_``: the ranks to use
-    instead of this job's (tests pass their own).
+    instead of this job's (tests pass their own); ``cores``, ``memory``, ``gpus``:
+    what each rank hands out to tasks at once (default: its workers, its share of
+    the node's available memory and GPUs; see :mod:`taskgraph.run.resources`).
     """
 
     __signature__ = None  # (the real one: this __init__'s)
@@ -84,7 +87,12 @@ class JobCluster(Cluster, kind="job"):
         timeout: float = 120,
         fetch_timeout: float = FETCH_TIMEOUT,
         world_: World | None = None,
+        cores: int | None = None,
+        memory: int | str | None = None,
+        gpus: int | None = None,
     ):
+        mem = None if memory is None else parse_memory(memory, "Cluster(memory=...)")
+        set_limits(cores, mem, gpus)  # (each rank's capacity: taskgraph.run.resources)
         self.job = world_ or world()
         part = self.job.split(self._checked_size(n))
         self.world: World | None = part

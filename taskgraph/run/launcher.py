@@ -103,7 +103,7 @@ class Launcher:
         self.ex = ex
         self._last: dict[int, Stamps] = {}
         self.capacities: list[Capacity] | None = None
-        if ex.graph.has_values():  # (every rank decides alike: the same graph)
+        if ex.graph.has_values:  # (every rank decides alike: the same graph)
             self.capacities = capacities(ex.net.allgather(rank_info(ex.net.host, ex.nworkers)))
             check_fits(graph_needs(ex.graph), self.capacities)
         self._gate: Gate | None = None
