@@ -47,6 +47,15 @@ def sleep_task(seconds: float) -> float:
     return seconds
 
 
+def parsl_sleep(seconds: float) -> float:
+    """:func:`sleep_task` for Parsl, which ships a function's code without its module."""
+    import time
+
+    if seconds:
+        time.sleep(seconds)
+    return seconds
+
+
 def counts(quick: bool) -> dict[float, int]:
     """Tasks per task length."""
     if quick:
@@ -130,7 +139,7 @@ def parsl_rates(plan: dict[float, int]) -> list[dict]:
     )
     dfk = parsl.load(Config(executors=[htex], run_dir=run_dir))
     try:
-        app = parsl.python_app(sleep_task)
+        app = parsl.python_app(parsl_sleep)
         [f.result() for f in [app(0.0) for _ in range(SLOTS * 4)]]  # workers started
         rows = []
         for d, n in plan.items():
