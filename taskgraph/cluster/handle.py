@@ -123,6 +123,11 @@ class RunHandle:
             except Exception:  # noqa: BLE001 - the summary says what failed
                 pass
         found = self._summary()
+        if found is None and not hasattr(self, "executor"):  # (an engine run)
+            raise RunError(
+                f"run {self.graph.name!r}: run.summary() is not gathered from engines yet; "
+                "run.trace.attempts() has every attempt"
+            )
         return found if found is not None else Summary(self.graph.name)
 
     def _summary(self) -> Summary | None:
