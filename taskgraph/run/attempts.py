@@ -41,6 +41,7 @@ from typing import Any
 from ..core.errors import TaskError
 from ..dsl.options import DEFAULT, TaskOptions, effective, options_of
 from ..dsl.tasks import Ref
+from .checkpoint import Checkpoint
 
 RETRY, FAIL, SKIP, IGNORE = "retry", "fail", "skip", "ignore"
 
@@ -408,8 +409,6 @@ def install(ex: Any) -> None:
     """Give the executor ``ex`` its tally, checkpoint and watch, and route its graph's
     ``@tg.task`` calls through :func:`run_call` where any is managed (the plain path is
     left exactly as it is otherwise). Called at the end of the executor's constructor."""
-    from .checkpoint import Checkpoint  # (only runs with a checkpoint use it)
-
     ex.tally = Tally()
     ex.watch = Watch(ex.nworkers)
     ex.checkpoint = Checkpoint(ex.options.checkpoint) if ex.options.checkpoint else None
