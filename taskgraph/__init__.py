@@ -32,6 +32,7 @@ from .dsl.kernel import Kernel, kernel
 from .dsl.tasks import Future, TaskRef
 from .dsl.tiled import Tile, TiledMatrix, TiledVector
 from .plan.planner import Plan, RankPlan, make_plan
+from .run.attempts import TaskSkipped
 from .run.dynamic import SpawnedTaskError, SpawnFuture, spawn, wait
 from .trace.events import Trace, TraceError
 
@@ -61,6 +62,7 @@ __all__ = [
     "SpawnedTaskError",
     "TaskError",
     "TaskRef",
+    "TaskSkipped",
     "TaskgraphError",
     "Tile",
     "TiledMatrix",

@@ -65,8 +65,10 @@ def decide(options: TaskOptions, attempt: int, exc: BaseException) -> str:
 class TaskSkipped(TaskError):
     """The value of a skipped call was asked for (``run.result(f)``, ``fut.result()``):
     the call did not run, because it failed with ``on_failure="skip"`` or a call it
-    takes as an input was skipped. As :class:`~taskgraph.core.errors.TaskError`, with
-    ``task`` the call asked for and ``error`` saying which call failed and why."""
+    takes as an input was skipped. As :class:`~taskgraph.core.errors.TaskError`
+    (``task``, ``rank``, ``size``, ``host``, ``error``, ``traceback``), with ``task``
+    the call asked for, ``rank``/``size`` where the failure was, and ``error`` saying
+    which call failed and why."""
 
     def __str__(self) -> str:
         return f"task {self.task} was skipped: {self.error}"
