@@ -14,6 +14,10 @@ copies it into its own arrays and objects when it reads the summaries (``wait()`
 Runs settle in the order they were made: a later run's final values are never
 overwritten by an earlier run read afterwards.
 
+Each engine's summary carries its rank's tally of the calls' outcomes (successes,
+retries, checkpoint hits, failures with their errors, skipped calls); ``run.summary()``
+merges them as a batch job's ranks do (:meth:`~taskgraph.run.attempts.Summary.merge`).
+
 Several runs may be in flight at once: the engines start each run and take the next
 request at once (:func:`~taskgraph.cluster.engine_side.run_graph`), and each run's
 summary arrives as data published under its request (``summary``). A run waits
@@ -35,6 +39,7 @@ from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.graph import Graph
 from ..dsl.options import NO_RUN_OPTIONS, RunOptions
 from ..plan.planner import Plan
+from ..run.attempts import Summary
 from ..run.dynamic import call_label
 from ..run.executor import Stats
 from ..trace.events import Trace
@@ -401,6 +406,14 @@ class EngineRun(RunHandle):
                 both = max(mine, value) if name in _LARGEST else mine + value
                 setattr(total, name, both)
         return total
+
+    def _summary(self) -> Summary | None:
+        """Every engine's tally merged, once their summaries are read (None before, or
+        if they never came: the engines died)."""
+        if self.summaries is None:
+            return None
+        tallies = [s["tally"] for s in self.summaries if s.get("tally") is not None]
+        return Summary.merge(self.graph.name, tallies)
 
     # -- live events -----------------------------------------------------------------
 

@@ -12,15 +12,21 @@ progress and event batches every ``interval`` seconds with ipyparallel's data
 publication, under the request that started the run, each under a key of its own
 (``b000001``, ...), so the notebook's ``AsyncResult.data`` collects every batch, a
 heartbeat (``alive``: a count and the tasks its workers are in) that tells the notebook
-the engine still answers, and at the end the run's summary (``summary``).
+the engine still answers, and at the end the run's summary (``summary``), with this
+rank's tally of the calls' outcomes (``tally``: :meth:`~taskgraph.run.attempts.Tally.to_wire`,
+merged in the notebook into ``run.summary()``).
 :func:`cancel_run` cancels one run on every rank (the others go on); the run ends with
 a RunError. :func:`submit_calls` and :func:`close_run` add calls to a running run
 (``run.submit`` in the notebook) through its :class:`~taskgraph.cluster.submit.Inbox`;
 the run's watcher publishes each call's outcome as it ends (``s<key>``), before the
 summary.
 
-:func:`shutdown` ends an engine in order: MPI finalized (its shared memory freed), then
-the process exits, without the traceback and MPI_Abort that a SIGTERM brings.
+:func:`set_limits` gives this rank the cluster's ``cores=``, ``memory=`` and ``gpus=``
+(:func:`taskgraph.run.resources.set_limits`), as a job's ``Cluster(...)`` does.
+
+:func:`shutdown` ends an engine in order: its process pool (``process=True`` calls)
+killed, MPI finalized (its shared memory freed), then the process exits, without the
+traceback and MPI_Abort that a SIGTERM brings.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ import cloudpickle
 from ..core.errors import RunError, TaskgraphError
 from ..core.files import shm_files
 from ..dsl.tiled import TiledMatrix
+from ..run import procpool, resources
+from ..run.attempts import wire
 from .handle import RunHandle
 from .job import current_cluster
 from .submit import Inbox
@@ -66,10 +74,19 @@ def whoami(token: str | None = None) -> dict:
     }
 
 
+def set_limits(cores: int | None, memory: int | None, gpus: int | None) -> int:
+    """What this rank hands out to tasks at once (None: as measured); its rank."""
+    c = current_cluster()  # (made first: a new JobCluster sets limits of its own)
+    resources.set_limits(cores, memory, gpus)
+    return c.rank or 0
+
+
 def shutdown(delay: float = 0.5) -> bool:
-    """Finalize MPI on this rank (every rank calls it together), then end this engine
-    process ``delay`` seconds after the answer leaves. True if MPI was finalized."""
+    """Kill this rank's process pool, finalize MPI (every rank calls it together),
+    then end this engine process ``delay`` seconds after the answer leaves. True if
+    MPI was finalized."""
     sys.excepthook = sys.__excepthook__  # no MPI_Abort for anything said at exit
+    procpool.shutdown()  # (its processes would follow the engine out; not a moment later)
     finalized = False
     if "mpi4py.MPI" in sys.modules:
         from mpi4py import MPI
@@ -252,6 +269,7 @@ def _watch(run, publish, interval: float, inbox: Inbox | None = None) -> None:
             "error": RunError(f"the run's watcher on this engine failed: {exc!r}"),
             "data": None,
             "batches": seq,
+            "tally": _tally(run),
         }
     if publish is not None:
         try:
@@ -302,7 +320,20 @@ def _summary(run, batches: int) -> dict:
         # the final values of the plain data the run wrote (every engine has them)
         "data": getattr(run, "data_values", None) if error is None and cluster.rank == 0 else None,
         "batches": batches,
+        "tally": _tally(run),
     }
+
+
+def _tally(run) -> dict | None:
+    """This rank's counts of the run's calls (:func:`taskgraph.run.attempts.wire`);
+    None if its executor never started (the run failed before anything ran)."""
+    ex = getattr(run, "executor", None)
+    if ex is None:
+        return None
+    try:
+        return wire(ex)
+    except Exception:  # noqa: BLE001 - an executor cut short: no counts, the error says why
+        return None
 
 
 _publish_lock = threading.Lock()  # (the watchers of several runs share one socket)

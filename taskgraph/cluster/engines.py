@@ -52,7 +52,7 @@ import numpy as np
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..dsl.options import RunOptions
+from ..dsl.options import RunOptions, parse_memory
 from ..plan.planner import Plan
 from ..run.singlecopy import single_copy_env
 from . import engine_side, watchdog
@@ -68,7 +68,14 @@ STOP_TIMEOUT = 5.0  # seconds an orderly engine shutdown may take before they ar
 
 
 class EngineCluster(Cluster, kind="engines"):
-    """ipyparallel engines under mpiexec, driven from a notebook."""
+    """ipyparallel engines under mpiexec, driven from a notebook.
+
+    ``n``, ``workers``, ``blas_threads``, ``timeout``: as :class:`Cluster`; ``cores``,
+    ``memory`` (bytes, or ``"2GB"``), ``gpus``: what each engine hands out to tasks at
+    once (default: its workers, its share of the node's available memory and GPUs; see
+    :mod:`taskgraph.run.resources`), as a job's ``Cluster(cores=...)``. A bad one raises
+    (ValueError; GraphError for memory) before anything starts.
+    """
 
     remote = True
     rank = None
@@ -80,9 +87,13 @@ class EngineCluster(Cluster, kind="engines"):
         workers: int | None = None,
         blas_threads: int | None = None,
         timeout: float = 120,
+        cores: int | None = None,
+        memory: int | str | None = None,
+        gpus: int | None = None,
         _client=None,
         _ipp_cluster=None,
     ):
+        self.limits = _checked_limits(cores, memory, gpus)
         self.workers = workers
         self.blas_threads = blas_threads
         self.timeout = timeout
@@ -192,6 +203,7 @@ class EngineCluster(Cluster, kind="engines"):
         token = uuid.uuid4().hex
         infos = client[ids].apply_sync(engine_side.whoami, token)
         check_one_world(ids, infos, token)
+        client[ids].apply_sync(engine_side.set_limits, *self.limits)
         by_rank = sorted(zip(ids, infos), key=lambda pair: pair[1]["rank"])
         self.engine_ids = [e for e, _ in by_rank]
         self.infos = [info for _, info in by_rank]
@@ -473,6 +485,18 @@ class EngineCluster(Cluster, kind="engines"):
         )
         self._runs = [r for r in self._runs if not r.done()] + [run]
         return run
+
+
+def _checked_limits(
+    cores: int | None, memory: int | str | None, gpus: int | None
+) -> tuple[int | None, int | None, int | None]:
+    """(cores, memory in bytes, gpus) for the engines; ValueError for a bad one."""
+    mem = None if memory is None else parse_memory(memory, "Cluster(memory=...)")
+    for name, v in (("cores", cores), ("memory", mem), ("gpus", gpus)):
+        least = 1 if name == "cores" else 0
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            raise ValueError(f"Cluster({name}={v!r}): an int >= {least}, or None")
+    return cores, mem, gpus
 
 
 def _tail(path: str, lines: int = LOG_TAIL) -> str:

@@ -13,6 +13,7 @@ engine and in the notebook by the time ``wait()`` returns (:mod:`taskgraph.dsl.d
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from ..core.errors import GraphError, RunError
@@ -113,22 +114,33 @@ class RunHandle:
         """What the run did, over every rank, once it has ended (waits for it, without
         raising its error): calls that succeeded (with retries, and those read from
         the checkpoint), failed (each with its error), were skipped, and how many
-        retries happened. Prints readably; a table in a notebook."""
+        retries happened. Prints readably; a table in a notebook. RunError if the
+        ranks' counts never came (engines that died)."""
+        error: Exception | None = None
         join = getattr(self, "join", None)
         if join is not None:
             join()
         else:  # (an engine run: its wait() raises the run's error, the summary stands)
             try:
                 self.wait()
-            except Exception:  # noqa: BLE001 - the summary says what failed
-                pass
+            except Exception as exc:  # noqa: BLE001 - the summary says what failed
+                error = exc
         found = self._summary()
         if found is None and not hasattr(self, "executor"):  # (an engine run)
             raise RunError(
-                f"run {self.graph.name!r}: run.summary() is not gathered from engines yet; "
-                "run.trace.attempts() has every attempt"
-            )
+                f"run {self.graph.name!r}: no summary, the engines did not send their "
+                f"counts: {error}"
+            ) from error
         return found if found is not None else Summary(self.graph.name)
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the run's line and, once it has ended, its summary (so a cell
+        that ends in ``run.wait()`` shows what succeeded, failed, was skipped)."""
+        head = f"<code>{html.escape(repr(self))}</code>"
+        if not self.done():
+            return head
+        found = self._summary()
+        return head if found is None else head + found._repr_html_()
 
     def _summary(self) -> Summary | None:
         """The run's summary where this side has it (None: not known here)."""

@@ -45,6 +45,7 @@ from ..dsl.graph import Graph
 from ..dsl.options import RunOptions, parse_memory
 from ..dsl.tiled import use_clusters
 from ..plan.planner import Plan
+from ..run import procpool
 from ..run.comm import World, world
 from ..run.executor import BufferPool
 from ..run.resources import set_limits
@@ -249,17 +250,19 @@ class JobCluster(Cluster, kind="job"):
 
     def close(self) -> None:
         """Free the communicators of a cluster of part of the job (collective over its
-        ranks, after its runs end); nothing for the whole job's."""
+        ranks, after its runs end; the whole job's stay), then end this rank's process
+        pool (``process=True`` calls) unless a run still going uses it."""
         part = self.world
-        if part is None or part is self.job:
-            return
-        self.world = None
-        for run in runs_in_flight():
-            if run.cluster is self:
-                run.join()
-        for comm in (part.values, part.comm):
-            if comm is not None:
-                comm.Free()
+        if part is not None and part is not self.job:
+            self.world = None
+            for run in runs_in_flight():
+                if run.cluster is self:
+                    run.join()
+            for comm in (part.values, part.comm):
+                if comm is not None:
+                    comm.Free()
+        if not runs_in_flight():  # (a later process call starts a new pool)
+            procpool.shutdown()
 
     def take_pool(self) -> BufferPool:
         """Receive buffers for a run: a pool no run in flight uses (a new one if every
