@@ -622,6 +622,100 @@ MANY_TASKS = [
         print(f"messages between ranks: {int(np.sum(s['messages']))}")
         """
     ),
+    md(
+        """
+        ## An ensemble that fails sometimes
+
+        Real ensembles mix Python with programs, and some members fail. Below, each
+        member is a shell pipeline that writes its output file (`tg.shell`), read back by
+        a Python task. Every fifth member's reader hits a "flaky file system" on its first
+        attempt (`retries=2` runs it again), and one member's program is broken for good:
+        with `on_failure="ignore"` its reader gets the exception as its input, passes it
+        on, and the reduction leaves it out (`"skip"` would skip everything downstream of it instead).
+        The run keeps each finished call's value in a checkpoint directory, so making the
+        same run again (say, after the job was killed) does nothing twice.
+        """
+    ),
+    code(
+        """
+        import pathlib
+
+        work = pathlib.Path("ensemble-work").resolve()  # an absolute path: engines share it
+        work.mkdir(exist_ok=True)
+        for old in work.glob("tried-*"):
+            old.unlink()
+        BROKEN = 7  # this member's program exits with code 3
+
+
+        @tg.task(retries=2)
+        def read_member(result, seed, work):
+            \"\"\"The member's number from its output file (the first attempt of every fifth
+            member fails, as a busy shared file system sometimes does).\"\"\"
+            if isinstance(result, Exception):
+                return result  # the member failed: pass its error on
+            marker = pathlib.Path(work) / f"tried-{seed}"
+            if seed % 5 == 0 and not marker.exists():
+                marker.touch()
+                raise OSError(f"member {seed}: stale file handle")
+            return float(pathlib.Path(str(result)).read_text())
+
+
+        @tg.task(on_failure="ignore")
+        def member(seed, work):
+            \"\"\"One member: a program (here a shell pipeline) that writes its output file.\"\"\"
+            out = pathlib.Path(work) / f"member-{seed}.txt"
+            cmd = "exit 3" if seed == BROKEN else "seq 1 {n} | awk '{{s += $1 % 7}} END {{print s}}'"
+            return tg.shell(cmd, n=1000 * (seed + 1), stdout=out)
+
+
+        @tg.task
+        def total(values):
+            ok = [v for v in values if not isinstance(v, Exception)]
+            return sum(ok), len(values) - len(ok)
+
+
+        with tg.Graph("sweep") as sweep:
+            reads = [read_member(member(s, str(work)), s, str(work)) for s in range(24)]
+            answer = total(reads)
+
+        run = cluster.run(sweep, checkpoint=work / "checkpoint")
+        run.wait()
+        value, left_out = answer.result()
+        print(f"sum over the members: {value:.0f} ({left_out} left out)")
+        run.summary()
+        """
+    ),
+    md(
+        """
+        `member` runs `tg.shell` on its worker (an executable inside a Python task; in a
+        graph, `tg.shell(...)` is a task of its own). The summary counts the retries,
+        and the broken member as failed, with its command, exit code and stderr.
+
+        Making the same run again reads every finished call from the checkpoint:
+        """
+    ),
+    code(
+        """
+        again = cluster.run(sweep, checkpoint=work / "checkpoint")
+        again.wait()
+        assert again.result(answer) == (value, left_out)
+        again.summary()
+        """
+    ),
+    md(
+        """
+        Where each call's time went, as RADICAL-Pilot breaks it down (waiting for a
+        core, launching, running), and what each core did over the first run:
+        """
+    ),
+    code(
+        """
+        o = run.trace.overheads()
+        print("median seconds:", {k: round(v, 4) for k, v in o["median"].items()})
+        cores = run.trace.core_utilisation()
+        print({k: v for k, v in cores.items() if k != "lanes"})
+        """
+    ),
     code("cluster.close()"),
 ]
 

@@ -489,7 +489,9 @@ def say_summary(summary: Summary | None, rank: int) -> None:
         return
     if "IPython" in sys.modules and getattr(sys.modules["IPython"], "get_ipython", lambda: None)():
         return
-    print(str(summary), file=sys.stderr, flush=True)
+    # one write, on stdout with the script's own output: other ranks' lines cannot cut in
+    sys.stdout.write(f"{summary}\n")
+    sys.stdout.flush()
 
 
 __all__ = [
