@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError
 from ..dsl.graph import Graph, task
 from ..run.dynamic import DONE, FAILED, SpawnFuture
 
@@ -222,7 +222,8 @@ class Inbox:
 
     def submit(self, calls: list[tuple]) -> dict[str, BaseException]:
         """Take ``calls`` ((key, fn, args, kwargs) each); the errors of those refused, by
-        key (RunError: the run has ended or is closed)."""
+        key (RunError: the run has ended or is closed; GraphError: the call asks for
+        more cores, memory or GPUs than any rank has)."""
         refused: dict[str, BaseException] = {}
         with self.lock:
             if self.closing:
@@ -253,7 +254,7 @@ class Inbox:
         for key, fn, args, kwargs in calls:
             try:
                 fut = self.run.submit(fn, *args, **kwargs)
-            except RunError as exc:
+            except (RunError, GraphError) as exc:  # (closed, or asks for more than a rank has)
                 if refused is not None:
                     refused[key] = exc
                     continue

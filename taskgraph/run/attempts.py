@@ -29,7 +29,9 @@ into the run's :class:`Summary`.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import html
+import itertools
 import pickle
 import sys
 import threading
@@ -241,35 +243,175 @@ def _raise_in(ident: int, exc: type | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), exc and ctypes.py_object(exc))
 
 
+class Timed:
+    """One timed attempt of a spawned or submitted call, armed on thread ``ident``:
+    its ``label``, ``limit`` (seconds), ``deadline`` (``time.perf_counter``), and
+    ``hit`` (its interrupt was raised, and not yet withdrawn)."""
+
+    __slots__ = ("deadline", "hit", "ident", "label", "limit")
+
+    def __init__(self, ident: int, label: str, limit: float, now: float):
+        self.ident = ident
+        self.label = label
+        self.limit = limit
+        self.deadline = now + limit
+        self.hit = False
+
+
+PAUSE = None  # on a thread's stack of timed attempts: a deeper call runs on it now
+
+
 class Watch:
-    """The managed attempts running on a rank's workers, for the timeout check: by
-    worker, (thread ident, start, limit) while an attempt with a policy runs, and
-    the deadline of an attempt interrupted already. Lock: the executor's."""
+    """The managed attempts with a timeout running on a rank, for the timeout checks.
+    Lock: the executor's.
+
+    - Graph tasks (the executor's check, :func:`expire`): by worker, ``live`` (thread
+      ident, start, limit) while an attempt with a policy runs, and ``hit``, the
+      deadline of the grace of an attempt interrupted already.
+    - Spawned and submitted calls (this module's watcher thread, :func:`watch_loop`):
+      ``stacks``, by thread, the :class:`Timed` attempts running on it, innermost
+      last, with a :data:`PAUSE` above each one while a deeper call (a waiting worker
+      helps) runs on the same stack; ``heap`` of (deadline, seq, Timed) to look at.
+
+    The rule: an interrupt is raised in a thread only for the innermost timed attempt
+    on it, while nothing deeper runs there; a timed attempt whose thread runs a deeper
+    call when its time is up is interrupted once that call has returned to it."""
 
     def __init__(self, nworkers: int):
         self.live: list[tuple[int, float, float] | None] = [None] * nworkers
         self.hit: dict[int, float] = {}
+        self.stacks: dict[int, list[Timed | None]] = {}
+        self.heap: list[tuple[float, int, Timed]] = []
+        self.seq = itertools.count()
+        self.armed = 0  # Timed attempts on the stacks
+        self.kick = threading.Event()  # an earlier deadline came, or nothing is armed
+        self.thread: threading.Thread | None = None
 
     def expire(self, worker: int, now: float, grace: float) -> bool:
         """The timeout check found ``worker``'s task past its limit: True if a managed
-        attempt handles it (interrupted now, or within its grace still), False if the
-        run must fail as for any task. Lock held."""
+        attempt handles it (interrupted now, or within its grace still, or a deeper
+        call runs on its thread: interrupted once that returns), False if the run must
+        fail as for any task. Lock held."""
         live = self.live[worker]
         if live is None:
             return False
         ident, start, limit = live
         if worker in self.hit:
             return now < self.hit[worker]
-        if now - start <= limit:
-            return True  # (a new attempt: its own clock)
+        if now - start <= limit or self.stacks.get(ident):
+            return True  # (a new attempt: its own clock; or a deeper call is running)
         self.hit[worker] = now + grace
         _raise_in(ident, AttemptTimeout)
         return True
+
+    def timed_on(self, ident: int, worker: int) -> bool:
+        """Whether a timed attempt runs on thread ``ident`` (worker ``worker``)."""
+        return ident in self.stacks or (
+            0 <= worker < len(self.live) and self.live[worker] is not None
+        )
+
+    def pause(self, ident: int, worker: int) -> None:
+        """Thread ``ident`` (this one) is about to run a deeper call on its stack: no
+        interrupt for the attempts below it until :meth:`resume`; one raised and not
+        landed yet is withdrawn (it is raised again after). Lock held."""
+        stack = self.stacks.setdefault(ident, [])
+        top = stack[-1] if stack else None
+        if top is not None and top.hit:
+            _raise_in(ident, None)
+            top.hit = False
+            heapq.heappush(self.heap, (top.deadline, next(self.seq), top))
+        elif not stack and 0 <= worker < len(self.live) and self.hit.pop(worker, 0.0):
+            _raise_in(ident, None)
+        stack.append(PAUSE)
+
+    def resume(self, ident: int, worker: int, now: float, grace: float) -> bool:
+        """The deeper call on thread ``ident`` (this one) returned; True if the timed
+        attempt it returns to is past its time: the caller raises AttemptTimeout in it
+        now (marked as interrupted, so that the watcher raises none too). Lock held."""
+        stack = self.stacks[ident]
+        stack.pop()
+        if stack:
+            top = stack[-1]
+            if top is None or top.hit or now < top.deadline:
+                return False
+            top.hit = True
+            return True
+        del self.stacks[ident]
+        live = self.live[worker] if 0 <= worker < len(self.live) else None
+        if live is None or worker in self.hit or now - live[1] <= live[2]:
+            return False
+        self.hit[worker] = now + grace
+        return True
+
+    def arm(self, entry: Timed) -> bool:
+        """A timed attempt starts on its thread; True if the watcher thread must be
+        started. Lock held."""
+        self.stacks.setdefault(entry.ident, []).append(entry)
+        self.armed += 1
+        first = not self.heap or entry.deadline < self.heap[0][0]
+        heapq.heappush(self.heap, (entry.deadline, next(self.seq), entry))
+        if first:
+            self.kick.set()
+        return self.thread is None
+
+    def disarm(self, entry: Timed) -> None:
+        """The attempt ended: off its thread's stack (its heap entry is dropped when
+        the watcher meets it); an interrupt raised and not landed is withdrawn. Lock
+        held."""
+        stack = self.stacks[entry.ident]
+        stack.remove(entry)
+        if not stack:
+            del self.stacks[entry.ident]
+        self.armed -= 1
+        entry.ident = 0  # (no longer armed)
+        if entry.hit:
+            entry.hit = False
+            _raise_in(threading.get_ident(), None)
+        if not self.armed:
+            self.heap.clear()
+            self.kick.set()
+
+    def check(self, now: float, grace: float) -> float | None:
+        """Interrupt the timed attempts past their deadline (see the class doc); the
+        seconds until the next look, None when nothing is armed. Lock held."""
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            _, _, entry = heapq.heappop(heap)
+            if not entry.ident:
+                continue
+            if self.stacks[entry.ident][-1] is not entry:  # a deeper call runs: later
+                heapq.heappush(heap, (now + WATCH_PAUSED, next(self.seq), entry))
+                continue
+            if not entry.hit:  # (else: raised as its deeper call returned)
+                _raise_in(entry.ident, AttemptTimeout)
+            entry.hit = True
+            # (raised again after the grace if the call caught it and goes on)
+            heapq.heappush(heap, (now + grace, next(self.seq), entry))
+        if not self.armed:
+            return None
+        return max(0.0, heap[0][0] - now) if heap else WATCH_PAUSED
+
+
+WATCH_PAUSED = 0.05  # seconds between looks at an attempt past its time under a deeper call
 
 
 def expire(ex: Any, worker: int, now: float) -> bool:
     """:meth:`Watch.expire` for the executor ``ex`` (its timeout check)."""
     return ex.watch.expire(worker, now, ex.tuning.stop_grace)
+
+
+def watch_loop(ex: Any) -> None:
+    """The watcher thread of the timed spawned and submitted calls of ``ex``: it ends
+    when none is armed, or the run stops."""
+    w = ex.watch
+    while True:
+        with ex.lock:
+            delay = w.check(time.perf_counter(), ex.tuning.stop_grace)
+            if delay is None or ex.stopping:
+                w.thread = None
+                return
+            w.kick.clear()
+        w.kick.wait(delay)
 
 
 def _arm(ex: Any, worker: int, opts: TaskOptions) -> None:
@@ -292,6 +434,31 @@ def _disarm(ex: Any, worker: int) -> None:
                 ex.started[worker] = time.perf_counter()
                 if ex.watch.hit.pop(worker, None) is not None:
                     _raise_in(threading.get_ident(), None)
+            return
+        except AttemptTimeout:
+            continue
+
+
+def _arm_call(ex: Any, label: str, limit: float) -> Timed:
+    """A timed attempt of a spawned or submitted call starts on this thread."""
+    entry = Timed(threading.get_ident(), label, limit, time.perf_counter())
+    with ex.lock:
+        if ex.watch.arm(entry):
+            th = threading.Thread(
+                target=watch_loop, args=(ex,), name="taskgraph-timeouts", daemon=True
+            )
+            ex.watch.thread = th
+            th.start()
+    return entry
+
+
+def _disarm_call(ex: Any, entry: Timed) -> None:
+    """The timed attempt ``entry`` ended (as :func:`_disarm`)."""
+    while True:
+        try:
+            with ex.lock:
+                if entry.ident:
+                    ex.watch.disarm(entry)
             return
         except AttemptTimeout:
             continue
@@ -325,8 +492,11 @@ def _ended(ex: Any, worker: int, label: str, task: int, attempt: int, state: str
 
 
 def _attempt(ex: Any, worker: int, fn: Any, args, kwargs, label: str, opts: TaskOptions, task: int):
-    """One attempt through the launcher; a timeout of a graph task's attempt (the
-    executor watches those) raises AttemptTimeout."""
+    """One attempt through the launcher; a timeout of it raises AttemptTimeout: a graph
+    task's where it has a policy (the executor watches those), a spawned or submitted
+    call's always (the watcher thread: :class:`Watch`)."""
+    if task < 0 and opts.timeout is not None:
+        return _attempt_call(ex, worker, fn, args, kwargs, label, opts.timeout)
     if not (task >= 0 and worker >= 0 and _timed(opts)):
         return ex.launcher.call(fn, args, kwargs, label, worker)
     _arm(ex, worker, opts)
@@ -337,6 +507,21 @@ def _attempt(ex: Any, worker: int, fn: Any, args, kwargs, label: str, opts: Task
             _disarm(ex, worker)
     except AttemptTimeout:
         raise AttemptTimeout(f"attempt timed out after {opts.timeout:g} s") from None
+
+
+def _attempt_call(ex: Any, worker: int, fn: Any, args, kwargs, label: str, limit: float):
+    """One attempt of a spawned or submitted call with a timeout."""
+    entry = _arm_call(ex, label, limit)
+    try:
+        try:
+            return ex.launcher.call(fn, args, kwargs, label, worker)
+        finally:
+            _disarm_call(ex, entry)
+    except AttemptTimeout:
+        net = ex.net
+        raise AttemptTimeout(
+            f"{label} timed out after {limit:g} s on rank {net.rank}/{net.size}"
+        ) from None
 
 
 def run_call(

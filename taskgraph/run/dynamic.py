@@ -32,12 +32,14 @@ from __future__ import annotations
 import reprlib
 import textwrap
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
 from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import attempts
 
@@ -209,7 +211,7 @@ def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
     ex, index, frames = _context("tg.spawn")
     if not frames:  # the first spawn of the static task this worker runs
         frames.append(Frame(ex.graph.label(ex.current[index]), 0))
-    return ex.push_spawned(frames[-1], attempts.spawn_fn(fn), args, kwargs)
+    return ex.push_spawned(frames[-1], fn, args, kwargs)
 
 
 def wait(futures: Iterable[SpawnFuture]) -> list:
@@ -259,7 +261,8 @@ class SpawnRunner:
     def push_spawned(self: Any, parent: Frame, fn: Callable, args: tuple, kwargs: dict):
         """A call spawned by ``parent`` (the frame running on this thread), into the
         pool; its future."""
-        fut = SpawnFuture(self, fn, args, kwargs, parent.depth + 1)
+        fut = SpawnFuture(self, attempts.spawn_fn(fn), args, kwargs, parent.depth + 1)
+        self.check_call(fn, fut)
         parent.children.append(fut)
         with self.lock:
             if self.stopping:
@@ -275,12 +278,25 @@ class SpawnRunner:
             self.wake.set()
         return fut
 
+    def check_call(self: Any, fn: Any, fut: SpawnFuture) -> None:
+        """GraphError at once if the call of ``fn`` (a ``@tg.task`` function, before
+        :func:`~taskgraph.run.attempts.spawn_fn`) that ``fut`` holds asks for more
+        cores, memory or GPUs than any rank of the run has; it names the call and
+        what each rank has."""
+        options = getattr(fn, "options", None)
+        if options is None:  # (a plain callable: one core)
+            return
+        if options == DEFAULT_OPTIONS and not (fut.kwargs and "ranks" in fut.kwargs):
+            return
+        self.launcher.check(fn, fut.args, fut.kwargs, fut.label())
+
     def submit(self: Any, fn: Callable, args: tuple, kwargs: dict) -> SpawnFuture:
         """A call from outside the run's tasks (the notebook's ``run.submit``), into the
         pool as a child of no task (it may be stolen); its future. Any thread; the run
         does not end on this rank before it has ended. RunError once the run stops or
         no longer takes calls (see :meth:`close_submissions`)."""
         fut = SpawnFuture(self, attempts.spawn_fn(fn), args, kwargs, 1)
+        self.check_call(fn, fut)
         fut.submitted = True
         with self.lock:
             if self.stopping or self.failure is not None:
@@ -336,16 +352,35 @@ class SpawnRunner:
                 if item is None:
                     self.spawn_waiting += 1
                     self.wait_depths.append(depth)  # (what a thief here may take)
-                    self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
-                    self.wait_depths.remove(depth)
-                    self.spawn_waiting -= 1
+                    try:  # (a timeout's interrupt may land in the wait)
+                        self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
+                    finally:
+                        self.wait_depths.remove(depth)
+                        self.spawn_waiting -= 1
                     continue
                 item.state = RUNNING
-                lock.release()
-                try:
-                    self.run_spawned(item, frames)
-                finally:
-                    lock.acquire()
+                self._run_deeper(item, frames)
+
+    def _run_deeper(self: Any, item: SpawnFuture, frames: list) -> None:
+        """Run ``item`` on this waiting worker's stack. Lock held on entry and exit. A
+        timed attempt below it on this thread is not interrupted meanwhile (see
+        :class:`~taskgraph.run.attempts.Watch`): the interrupt would land in ``item``."""
+        lock, watch = self.lock, self.watch
+        ident = threading.get_ident()
+        worker = _tls.ctx[1]
+        paused = watch.timed_on(ident, worker)
+        if paused:
+            watch.pause(ident, worker)
+        lock.release()
+        try:
+            self.run_spawned(item, frames)
+        finally:
+            lock.acquire()
+            late = paused and watch.resume(
+                ident, worker, time.perf_counter(), self.tuning.stop_grace
+            )
+        if late:  # (the waiting attempt ran past its time while ``item`` ran)
+            raise attempts.AttemptTimeout("timed out while running a spawned call")
 
     def run_spawned(self: Any, item: SpawnFuture, frames: list) -> None:
         """Run the spawned call ``item`` (taken, RUNNING) on this thread, join its
