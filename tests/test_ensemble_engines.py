@@ -117,8 +117,7 @@ def test_an_ensemble_on_engines_retries_skips_and_sums_up(engines, tmp_path):
 
 def test_the_retried_attempt_reaches_the_notebooks_trace(engines, tmp_path):
     g, f = ensemble(tmp_path)
-    run = engines.run(g)
-    run.summary()
+    run = engines.run(g).wait(60)
     rows = [r for r in run.trace.attempts() if r["label"].startswith("flaky#")]
     assert [(r["attempt"], r["state"]) for r in rows] == [(1, "retried"), (2, "done")], rows
 
