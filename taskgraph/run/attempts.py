@@ -44,6 +44,7 @@ from ..core.errors import TaskError
 from ..dsl.options import DEFAULT, TaskOptions, effective, options_of
 from ..dsl.tasks import Ref
 from .checkpoint import Checkpoint
+from .launcher import call_need
 
 RETRY, FAIL, SKIP, IGNORE = "retry", "fail", "skip", "ignore"
 
@@ -491,6 +492,37 @@ def _ended(ex: Any, worker: int, label: str, task: int, attempt: int, state: str
     _row(ex, worker, label, task, attempt, state, _stamps(ex, worker, t0, time.perf_counter()))
 
 
+# per thread: [fn, kwargs, given back] of the managed calls running on its stack,
+# innermost last (given back: it waits, its resources are free meanwhile)
+_held = threading.local()
+
+
+def _launch(ex: Any, fn: Any, args, kwargs, label: str, worker: int) -> Any:
+    """``ex.launcher.call``, known meanwhile to :func:`give_back`."""
+    calls = _held.__dict__.setdefault("calls", [])
+    calls.append([fn, kwargs, False])
+    try:
+        return ex.launcher.call(fn, args, kwargs, label, worker)
+    finally:
+        calls.pop()
+
+
+def give_back() -> tuple[list, Any] | None:
+    """(entry, need): the innermost managed call on this thread and the resources (a
+    :class:`~taskgraph.run.resources.Need`) it holds, marked as given back, if it
+    holds some and has not given them back yet; else None. The caller gives them
+    back to the gate, and takes them again before it clears the mark (``entry[2]``)."""
+    calls = getattr(_held, "calls", None)
+    if not calls or calls[-1][2]:
+        return None
+    entry = calls[-1]
+    need = call_need(entry[0], entry[1])
+    if not (need.cores or need.memory or need.gpus):
+        return None
+    entry[2] = True
+    return entry, need
+
+
 def _attempt(ex: Any, worker: int, fn: Any, args, kwargs, label: str, opts: TaskOptions, task: int):
     """One attempt through the launcher; a timeout of it raises AttemptTimeout: a graph
     task's where it has a policy (the executor watches those), a spawned or submitted
@@ -498,11 +530,11 @@ def _attempt(ex: Any, worker: int, fn: Any, args, kwargs, label: str, opts: Task
     if task < 0 and opts.timeout is not None:
         return _attempt_call(ex, worker, fn, args, kwargs, label, opts.timeout)
     if not (task >= 0 and worker >= 0 and _timed(opts)):
-        return ex.launcher.call(fn, args, kwargs, label, worker)
+        return _launch(ex, fn, args, kwargs, label, worker)
     _arm(ex, worker, opts)
     try:
         try:
-            return ex.launcher.call(fn, args, kwargs, label, worker)
+            return _launch(ex, fn, args, kwargs, label, worker)
         finally:
             _disarm(ex, worker)
     except AttemptTimeout:
@@ -514,7 +546,7 @@ def _attempt_call(ex: Any, worker: int, fn: Any, args, kwargs, label: str, limit
     entry = _arm_call(ex, label, limit)
     try:
         try:
-            return ex.launcher.call(fn, args, kwargs, label, worker)
+            return _launch(ex, fn, args, kwargs, label, worker)
         finally:
             _disarm_call(ex, entry)
     except AttemptTimeout:

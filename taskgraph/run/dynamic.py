@@ -326,11 +326,12 @@ class SpawnRunner:
 
     def wait_for(self: Any, fut: SpawnFuture) -> None:
         """Until ``fut`` ends: on a worker of this run, run spawned calls deeper than
-        the frame it waits in meanwhile; else only wait. RunError if the run stops."""
+        the frame it waits in meanwhile; else only wait. A managed call (one with
+        resources: taskgraph.run.launcher) gives its resources back while it waits.
+        RunError if the run stops."""
         ctx = getattr(_tls, "ctx", None)
         frames = ctx[2] if ctx is not None and ctx[0] is self else None
         depth = frames[-1].depth if frames else 0
-        lock, pool = self.lock, self.spool
         if frames is not None and len(frames) >= NEST_LIMIT and fut.state < DONE:
             net = self.net
             raise RecursionError(
@@ -338,6 +339,35 @@ class SpawnRunner:
                 f"{net.size} (at most {NEST_LIMIT}): {frames[-1].label()} cannot wait for "
                 f"{fut.label()}"
             )
+        held = attempts.give_back() if frames is not None and fut.state < DONE else None
+        if held is not None:  # (a managed call waits: its resources go back meanwhile)
+            try:
+                self._wait_released(fut, frames, depth, held[1])
+            finally:
+                held[0][2] = False
+            return
+        self._wait_here(fut, frames, depth)
+
+    def _wait_released(self: Any, fut: SpawnFuture, frames: list, depth: int, need: Any) -> None:
+        """:meth:`_wait_here`, with the cores, memory and GPUs that the managed call
+        waiting on this thread holds given back meanwhile (as a blocked ``ray.get``
+        does): the calls it waits for may need them. Taken again, in turn, before it
+        goes on."""
+        gate = self.launcher.gate
+        gate.release(need)
+        try:
+            self._wait_here(fut, frames, depth)
+        finally:
+            # (not taken again when the run stops: its launcher ends with it)
+            if not gate.acquire(need, lambda: bool(self.stopping)):
+                raise RunError(
+                    f"run {self.graph.name!r} stopped on rank {self.net.rank}/"
+                    f"{self.net.size} while waiting for {fut.label()}"
+                )
+
+    def _wait_here(self: Any, fut: SpawnFuture, frames: list | None, depth: int) -> None:
+        """The loop of :meth:`wait_for`."""
+        lock, pool = self.lock, self.spool
         with lock:
             while fut.state < DONE:
                 if self.stopping:
