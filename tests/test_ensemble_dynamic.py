@@ -181,7 +181,7 @@ def wide_parent(x: int) -> int:
 
 @pytest.mark.timeout(60)
 def test_a_managed_call_gives_its_cores_back_while_it_waits_for_a_spawned_call():
-    run = tg.Cluster(cores=2).run(open=True, workers=1)
+    run = tg.Cluster(cores=2).run(open=True, workers=1, retries=1)  # (every call managed)
     fut = run.submit(wide_parent, -4)
     assert [f.result() for f in tg.as_completed([fut], timeout=20)] == [5]
     run.wait(30)
