@@ -18,6 +18,15 @@ One managed call, on the worker that took it::
       "skip"  ─► Skipped(...)                   call's future fails), as always
       "ignore"─► the exception, as the value (picklable, its traceback text kept)
 
+Timeouts: a graph task's attempt is watched by the executor (where it has a policy;
+else a timeout fails the run); a spawned or submitted call's attempt with a
+``timeout`` always, by a watcher thread of this module (:class:`Watch`), and one past
+its time is a failed attempt (``AttemptTimeout``, a TimeoutError naming the call).
+As a waiting worker runs deeper calls on its own stack, the interrupt is raised only
+in the innermost timed attempt of a thread while nothing deeper runs there; one whose
+time ran out under a deeper call fails as that call returns to it. A managed call
+that waits for a spawned call gives its cores, memory and GPUs back meanwhile.
+
 Every attempt leaves one trace row (``trace.attempt``). A :class:`Skipped` value
 travels as any value does (to another rank too), so every call that takes it as an
 input is skipped in turn, and the rest of the graph goes on; ``run.result(f)`` of a
