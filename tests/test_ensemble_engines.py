@@ -152,6 +152,25 @@ def test_a_task_asking_more_cores_than_the_cluster_gives_fails_before_running(en
     assert not ran.exists()
 
 
+@tg.task
+def broken(x: int) -> int:
+    raise OSError(f"broken {x}")
+
+
+def test_a_failed_runs_summary_names_the_task_its_rank_and_error(engines):
+    with tg.Graph("fails") as g:
+        square(2)
+        broken(7)
+    run = engines.run(g)
+    s = run.summary()  # (does not raise the run's error: it says what failed)
+    assert [(label, error) for label, _, error in s.failed] == [
+        ("broken#1(7)", "OSError: broken 7")
+    ]
+    assert s.failed[0][1] == run.plan.placement[1]
+    with pytest.raises(tg.TaskError, match="broken 7"):
+        run.wait()
+
+
 def _gone(pids: set[int], seconds: float = 10) -> set[int]:
     """Those of ``pids`` still alive (zombies aside) after up to ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -169,6 +188,7 @@ def _gone(pids: set[int], seconds: float = 10) -> set[int]:
 
 
 def test_closing_leaves_no_engine_or_pool_process(engines):
+    # (the last test of the engines: it closes them)
     with tg.Graph("pool") as g:
         futs = [where(i) for i in range(4)]
     run = engines.run(g)
