@@ -22,6 +22,9 @@ def _signature(
     workers: int | None = None,
     blas_threads: int | None = None,
     timeout: float = 120,
+    cores: int | None = None,
+    memory: int | str | None = None,
+    gpus: int | None = None,
 ) -> None:
     """The parameters every kind of cluster takes (shown by ``tg.Cluster?``)."""
 
@@ -44,6 +47,9 @@ class Cluster:
     workers : worker threads per rank (default: the cores of a rank's share).
     blas_threads : BLAS threads per worker (default 1).
     timeout : seconds to wait for engines to start (a notebook's cluster only).
+    cores, memory, gpus : what each rank hands out to tasks at once (``@tg.task(cores=
+        ...)``; default: its workers, its share of the node's available memory, its
+        GPUs; see :mod:`taskgraph.run.resources`).
 
     Use it as a context manager, or call :meth:`close`, to stop what it started.
     """
