@@ -135,6 +135,9 @@ def parsl_rates(plan: dict[float, int]) -> list[dict]:
     htex = HighThroughputExecutor(
         label="htex",
         max_workers_per_node=SLOTS,
+        # HTEX starts min(max_workers_per_node, cores / cores_per_worker) workers: without
+        # this, 2 on a 2-core machine rather than the 8 slots every other system gets
+        cores_per_worker=(os.cpu_count() or 1) / SLOTS,
         provider=LocalProvider(init_blocks=1, max_blocks=1),
     )
     dfk = parsl.load(Config(executors=[htex], run_dir=run_dir))
