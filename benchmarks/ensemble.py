@@ -132,6 +132,9 @@ def parsl_rates(plan: dict[float, int]) -> list[dict]:
     except ImportError:
         return [unavailable("parsl HTEX", d, "pip install parsl") for d in plan]
     run_dir = tempfile.mkdtemp(prefix="parsl-")
+    # its workers unpickle this module's function: they need the repository on their path
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     htex = HighThroughputExecutor(
         label="htex",
         max_workers_per_node=SLOTS,
