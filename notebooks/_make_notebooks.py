@@ -639,11 +639,13 @@ MANY_TASKS = [
     code(
         """
         import pathlib
+        import shutil
 
         work = pathlib.Path("ensemble-work").resolve()  # an absolute path: engines share it
         work.mkdir(exist_ok=True)
         for old in work.glob("tried-*"):
             old.unlink()
+        shutil.rmtree(work / "checkpoint", ignore_errors=True)  # (a fresh start each time)
         BROKEN = 7  # this member's program exits with code 3
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 import threading
 import time
@@ -214,6 +215,23 @@ for _, k in events:
     use += k
     peak = max(peak, use)
 print(f"rank {c.rank}: peak {peak} of {len(rows)}", flush=True)
+# the same from the trace: each attempt holds its cores from launched to ended
+spans = [(a["launched"], a["ended"], a["cores"]) for a in run.trace.attempts()
+         if a["rank"] == c.rank and a["launched"] is not None]
+events = sorted([(s, +k) for s, e, k in spans] + [(e, -k) for s, e, k in spans])
+use = peak = 0
+for _, k in events:
+    use += k
+    peak = max(peak, use)
+print(f"rank {c.rank}: trace peak {peak} of {len(spans)}", flush=True)
+# the launch throttle: 12 calls at 40 launches a second over the run
+with tg.Graph("throttled") as g3:
+    for i in range(12):
+        narrow(i)
+r3 = c.run(g3, launch_rate=40)
+r3.wait()
+starts = sorted(a["started"] for a in r3.trace.attempts())  # (after the token)
+print(f"rank {c.rank}: throttled {len(starts)} over {starts[-1] - starts[0]:.3f} s", flush=True)
 with tg.Graph("too") as g2:
     too_wide()
 try:
@@ -233,4 +251,8 @@ def test_packing_in_a_batch_job_never_passes_the_cores(mpirun, tmp_path):
     proc = mpirun(1, [str(script)], timeout=100)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "rank 0: peak 2 of 24" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "rank 0: trace peak 2 of 24" in proc.stdout, proc.stdout
+    # 12 launches at 40 a second (a burst of one) take at least 11 / 40 s
+    spread = float(re.search(r"rank 0: throttled 12 over ([\d.]+) s", proc.stdout).group(1))
+    assert spread >= 11 / 40 - 0.01, proc.stdout
     assert "refused task too_wide#0() asks for 3 cores" in proc.stdout, proc.stdout

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..cluster.launch import run_ranks, script_argv
+from ..cluster.launch import Terminated, run_ranks, script_argv
 from ..core import config
 from ..run.singlecopy import single_copy_env
 from . import convert, demo, sbatch
@@ -120,6 +120,9 @@ def _launch(ranks: int, argv: list[str], timeout: float | None) -> int:
         return 124
     except KeyboardInterrupt:
         return 130
+    except Terminated as why:
+        print(f"taskgraph: {why} received: the job was stopped", file=sys.stderr)
+        return 143
     except FileNotFoundError as exc:
         print(f"taskgraph: {exc}", file=sys.stderr)
         return 127

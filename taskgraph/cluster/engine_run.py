@@ -40,7 +40,7 @@ from ..dsl.graph import Graph
 from ..dsl.options import NO_RUN_OPTIONS, RunOptions
 from ..plan.planner import Plan
 from ..run.attempts import Summary
-from ..run.dynamic import call_label
+from ..run.dynamic import call_label, check_values
 from ..run.executor import Stats
 from ..trace.events import Trace
 from . import engine_side
@@ -171,6 +171,7 @@ class EngineRun(RunHandle):
             raise RunError(
                 f"run {self.graph.name!r} {what}: {call_label(fn, args, kwargs)} not submitted"
             )
+        check_values(fn, args, kwargs, "run.submit")
         n, self._submitted = self._submitted, self._submitted + 1
         key, rank = f"s{n:08d}", n % self.cluster.size
         calls = cloudpickle.dumps([(key, fn, args, kwargs)])

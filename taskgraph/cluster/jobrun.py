@@ -54,7 +54,7 @@ from ..run.comm import (
     wait_written,
     wire,
 )
-from ..run.dynamic import SpawnFuture
+from ..run.dynamic import SpawnFuture, check_values
 from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
 from .handle import RunHandle
@@ -469,6 +469,7 @@ class Run(RunHandle):
                 f"run {self.graph.name!r} {what} on rank {self.world.rank}/"
                 f"{self.world.size}: {getattr(fn, '__name__', repr(fn))} not submitted"
             )
+        check_values(fn, args, kwargs, "run.submit")
         return ex.submit(fn, args, kwargs)
 
     def close(self) -> None:

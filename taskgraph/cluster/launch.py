@@ -10,11 +10,13 @@ pipe must not hang the caller.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -103,13 +105,48 @@ def run_ranks(
         text=True,
         start_new_session=True,
         env=job_environment(env),
+        preexec_fn=_die_with_parent,  # (this process killed: the launcher ends its job)
     )
     try:
-        out, err = collect(proc, timeout)
-    except BaseException:  # a timeout, or Ctrl-C: take the whole job down
+        with _terminated_as_interrupt():
+            out, err = collect(proc, timeout)
+    except BaseException:  # a timeout, Ctrl-C, SIGTERM: take the whole job down
         kill_group(proc)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _die_with_parent() -> None:
+    """In the launcher's child, before exec: SIGTERM it when this process dies, even
+    by SIGKILL (Linux's PR_SET_PDEATHSIG; elsewhere nothing). The job runs in a session
+    of its own, so no signal sent to this process would reach it otherwise."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # (only here, in the child)
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP reached the launcher (``timeout``, a batch system, a closed
+    terminal): its job goes down with it."""
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt():
+    """Within: SIGTERM and SIGHUP raise :class:`Terminated` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated(signal.Signals(signum).name)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 LINGER = 5.0  # seconds a job's leftovers may hold its output after its launcher exits

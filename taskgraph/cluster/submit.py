@@ -37,6 +37,7 @@ from typing import Any
 
 from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError
 from ..dsl.graph import Graph, task
+from ..run.attempts import Skipped
 from ..run.dynamic import DONE, FAILED, SpawnFuture
 
 POLL_MIN, POLL_MAX = 0.001, 0.02  # seconds between looks at futures that have not ended
@@ -195,6 +196,8 @@ def _outcome(outcome: tuple) -> tuple[Any, BaseException | None]:
     ``("err", error)``; a TaskError gets its remote traceback as its cause."""
     kind, payload = outcome
     if kind == "ok":
+        if payload.__class__ is Skipped:  # (on_failure="skip": it has no value)
+            return None, payload.exception()
         return payload, None
     if isinstance(payload, TaskError) and payload.traceback:
         payload.__cause__ = RemoteTraceback(payload.traceback)

@@ -56,7 +56,7 @@ from typing import Any
 
 from ..core import config
 from ..core.errors import ExecutableError
-from .graph import task
+from .graph import TaskFunction
 
 __all__ = ["ExeResult", "child_env", "exe", "launcher", "resources_of_call", "shell"]
 
@@ -218,8 +218,23 @@ def _exe(
 # module's ``shell`` is the task), and shown as "shell"/"exe" in labels and traces.
 _shell.__name__ = "shell"
 _exe.__name__ = "exe"
-shell = task(_shell)
-exe = task(_exe)
+# task options a call may give with its arguments (timeout and ranks are the command's own)
+CALL_OPTIONS = ("retries", "on_failure", "cores", "memory", "gpus", "process")
+
+
+class ExeTask(TaskFunction):
+    """A ``@tg.task`` that runs a program: a call may also give the task options of
+    :func:`taskgraph.task` (``retries=``, ``on_failure=``, ``cores=``, ``memory=``,
+    ``gpus=``, ``process=``) with its arguments: ``tg.shell(cmd, retries=2, x=1)``."""
+
+    def __call__(self, *args, **kwargs):
+        options = {k: kwargs.pop(k) for k in CALL_OPTIONS if k in kwargs}
+        target = self.with_options(**options) if options else self
+        return TaskFunction.__call__(target, *args, **kwargs)
+
+
+shell = ExeTask(_shell)
+exe = ExeTask(_exe)
 
 
 def resources_of_call(kwargs: Mapping[str, Any]) -> dict[str, int]:

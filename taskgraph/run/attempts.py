@@ -177,7 +177,7 @@ class Tally:
         }
 
 
-@dataclass
+@dataclass(repr=False)  # (its repr is its text: a script's last expression prints it)
 class Summary:
     """What a run did, over every rank: ``succeeded`` calls (graph tasks, spawned and
     submitted calls; with retries, and ``from_checkpoint`` of them read from the
@@ -227,6 +227,8 @@ class Summary:
             more = f" ... and {len(self.skipped) - 10} more" if len(self.skipped) > 10 else ""
             lines.append(f"  skipped {', '.join(self.skipped[:10])}{more}")
         return "\n".join(lines)
+
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:
         rows = "".join(

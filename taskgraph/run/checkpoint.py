@@ -129,6 +129,21 @@ def write_durable(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def outputs_exist(value: Any) -> bool:
+    """Whether the output files a stored value names are still there: an executable's
+    result (``stdout_path``, ``stderr_path``), alone or in a list, tuple or dict value.
+    A value whose files are gone is no checkpoint: its call runs again."""
+    items = list(value.values()) if isinstance(value, dict) else [value]
+    if isinstance(value, list | tuple):
+        items = list(value)
+    for v in items:
+        for name in ("stdout_path", "stderr_path"):
+            path = getattr(v, name, None)
+            if isinstance(path, str | os.PathLike) and not os.path.exists(path):
+                return False
+    return True
+
+
 class Checkpoint:
     """A run's checkpoint directory (made if missing). ``key``, ``load`` and ``store``
     may be called from any thread."""
@@ -154,9 +169,10 @@ class Checkpoint:
         except OSError:
             return False, None
         try:
-            return True, pickle.loads(data)
+            value = pickle.loads(data)
         except Exception:  # noqa: BLE001 - a value that no longer loads: run it again
             return False, None
+        return (True, value) if outputs_exist(value) else (False, None)
 
     def store(self, key: str, value: Any, label: str = "") -> bool:
         """Write ``value`` under ``key`` durably; False (said once) if it cannot be

@@ -200,6 +200,28 @@ def _context(what: str) -> tuple:
     return ctx
 
 
+def _is_future(x: Any) -> bool:
+    return callable(getattr(x, "result", None)) and callable(getattr(x, "done", None))
+
+
+def check_values(fn: Any, args: tuple, kwargs: dict, what: str) -> None:
+    """TypeError naming the call if an argument (or an item of a list, tuple, set or
+    dict value among them) is a future: calls made while a run goes take values (a
+    future is a dependency only in a graph)."""
+    items = [*args, *kwargs.values()]
+    for a in list(items):
+        if isinstance(a, list | tuple | set | frozenset):
+            items.extend(a)
+        elif isinstance(a, dict):
+            items.extend(a.values())
+    if any(_is_future(a) for a in items):
+        raise TypeError(
+            f"{what}({call_label(fn, args, kwargs)}): an argument is a future; pass its "
+            "value (fut.result(), or submit from tg.as_completed as futures end), or "
+            "spawn the follow-up inside the call that makes the value"
+        )
+
+
 def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
     """Start ``fn(*args, **kwargs)`` as a task of this run; its future, at once.
 
@@ -209,6 +231,7 @@ def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
     :func:`wait`; the calling task counts as done only once every call it spawned has
     ended. RuntimeError outside a running task."""
     ex, index, frames = _context("tg.spawn")
+    check_values(fn, args, kwargs, "tg.spawn")
     if not frames:  # the first spawn of the static task this worker runs
         frames.append(Frame(ex.graph.label(ex.current[index]), 0))
     return ex.push_spawned(frames[-1], fn, args, kwargs)

@@ -381,7 +381,7 @@ class Trace:
         ran = sum(1 for r in self.attempt_rows if r[8] is not None)
         running = max(0, sum(self.begun) - ran) if any(self.begun) else None
         if self.status in ("done", "failed"):
-            running = 0 if running is not None else None
+            running = 0  # (an ended run runs nothing, whether or not launches were counted)
         return corelib.state_counts(self.attempt_rows, len(self.labels), running)
 
     def progress(self) -> dict:
