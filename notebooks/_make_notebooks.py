@@ -631,7 +631,7 @@ MANY_TASKS = [
         a Python task. Every fifth member's reader hits a "flaky file system" on its first
         attempt (`retries=2` runs it again), and one member's program is broken for good:
         with `on_failure="ignore"` its reader gets the exception as its input, passes it
-        on, and the reduction leaves it out (`"skip"` would skip everything downstream of it instead).
+        on, and the reduction leaves it out (`"skip"` would skip all that follows it).
         The run keeps each finished call's value in a checkpoint directory, so making the
         same run again (say, after the job was killed) does nothing twice.
         """
@@ -666,7 +666,8 @@ MANY_TASKS = [
         def member(seed, work):
             \"\"\"One member: a program (here a shell pipeline) that writes its output file.\"\"\"
             out = pathlib.Path(work) / f"member-{seed}.txt"
-            cmd = "exit 3" if seed == BROKEN else "seq 1 {n} | awk '{{s += $1 % 7}} END {{print s}}'"
+            pipeline = "seq 1 {n} | awk '{{s += $1 % 7}} END {{print s}}'"
+            cmd = "exit 3" if seed == BROKEN else pipeline
             return tg.shell(cmd, n=1000 * (seed + 1), stdout=out)
 
 
