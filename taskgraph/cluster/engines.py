@@ -52,14 +52,14 @@ import numpy as np
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..dsl.options import RunOptions, parse_memory
+from ..dsl.options import parse_memory
 from ..plan.planner import Plan
 from ..run.singlecopy import single_copy_env
 from . import engine_side, watchdog
 from .base import Cluster
 from .engine_run import EngineRun
 from .launch import launcher_flavour, local_env
-from .submit import ensemble_graph
+from .submit import run_request
 
 _remote_uids = itertools.count(1)
 _live: weakref.WeakSet[EngineCluster] = weakref.WeakSet()  # clusters started here, open
@@ -454,17 +454,15 @@ class EngineCluster(Cluster, kind="engines"):
         (:mod:`taskgraph.cluster.submit`); ``graph`` may then be left out. ``retries``,
         ``on_failure``, ``checkpoint``, ``launch_rate``, ``max_launching``: as for
         :meth:`taskgraph.cluster.job.JobCluster.run`."""
-        options = RunOptions.make(
+        graph, options = run_request(
+            graph,
+            open,
             retries=retries,
             on_failure=on_failure,
             checkpoint=checkpoint,
             launch_rate=launch_rate,
             max_launching=max_launching,
         )
-        if graph is None:
-            if not open:
-                raise RunError("cluster.run() needs a graph, unless open=True")
-            graph = ensemble_graph()
         if self.client is None:
             raise RunError("the cluster is closed")
         if self._stuck is not None:

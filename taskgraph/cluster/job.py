@@ -42,7 +42,7 @@ import threading
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..dsl.options import RunOptions, parse_memory
+from ..dsl.options import parse_memory
 from ..dsl.tiled import use_clusters
 from ..plan.planner import Plan
 from ..run import procpool
@@ -51,7 +51,7 @@ from ..run.executor import BufferPool
 from ..run.resources import set_limits
 from .base import Cluster
 from .jobrun import IdleRun, Run, compile_kernels, runs_in_flight
-from .submit import ensemble_graph
+from .submit import run_request
 
 FETCH_TIMEOUT = 120.0  # seconds a rank waits for another's value in future.result()
 
@@ -198,17 +198,15 @@ class JobCluster(Cluster, kind="job"):
         is done; ``launch_rate``: at most this many task starts a second over the run;
         ``max_launching``: at most this many tasks starting at once on a rank.
         """
-        options = RunOptions.make(
+        graph, options = run_request(
+            graph,
+            open,
             retries=retries,
             on_failure=on_failure,
             checkpoint=checkpoint,
             launch_rate=launch_rate,
             max_launching=max_launching,
         )
-        if graph is None:
-            if not open:
-                raise RunError("cluster.run() needs a graph, unless open=True")
-            graph = ensemble_graph()
         if not self.member:
             return IdleRun(self, graph, plan)
         if self.world is None:

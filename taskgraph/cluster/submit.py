@@ -37,6 +37,7 @@ from typing import Any
 
 from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError
 from ..dsl.graph import Graph, task
+from ..dsl.options import RunOptions
 from ..run.attempts import Skipped
 from ..run.dynamic import DONE, FAILED, SpawnFuture
 
@@ -56,6 +57,19 @@ def ensemble_graph(name: str = "ensemble") -> Graph:
     with Graph(name) as g:
         ensemble_start()
     return g
+
+
+def run_request(graph: Graph | None, open: bool, **options: Any) -> tuple[Graph, RunOptions]:
+    """What ``cluster.run(graph, open=..., **options)`` runs, on every kind of cluster:
+    the graph (a run of submitted calls only, for ``open=True`` without one) and the
+    checked :class:`~taskgraph.dsl.options.RunOptions`; RunError for no graph and not
+    open, GraphError for a bad option."""
+    run_options = RunOptions.make(**options)
+    if graph is None:
+        if not open:
+            raise RunError("cluster.run() needs a graph, unless open=True")
+        graph = ensemble_graph()
+    return graph, run_options
 
 
 def _done(fut: Any) -> bool:

@@ -10,6 +10,7 @@ are checked when made, so a wrong value fails before anything runs, naming the t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -138,7 +139,7 @@ class RunOptions:
             return dataclasses.replace(o, checkpoint=str(o.checkpoint))
         return o
 
-    @property
+    @functools.cached_property  # (asked on every spawned call: computed once)
     def active(self) -> bool:
         """Whether any option is set (a run without any keeps the static fast path)."""
         return any(v is not None for v in dataclasses.astuple(self))

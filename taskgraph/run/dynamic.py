@@ -200,6 +200,9 @@ def _context(what: str) -> tuple:
     return ctx
 
 
+_PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
 def _is_future(x: Any) -> bool:
     return callable(getattr(x, "result", None)) and callable(getattr(x, "done", None))
 
@@ -208,6 +211,8 @@ def check_values(fn: Any, args: tuple, kwargs: dict, what: str) -> None:
     """TypeError naming the call if an argument (or an item of a list, tuple, set or
     dict value among them) is a future: calls made while a run goes take values (a
     future is a dependency only in a graph)."""
+    if not kwargs and all(a.__class__ in _PLAIN for a in args):
+        return  # (the common spawn: numbers and strings; this is on every tg.spawn)
     items = [*args, *kwargs.values()]
     for a in list(items):
         if isinstance(a, list | tuple | set | frozenset):
