@@ -213,3 +213,70 @@ def test_each_policy_on_its_dependents_in_a_batch_job(mpirun, tmp_path, ranks):
     said = re.findall(r"^run 'policies': 5 succeeded, 2 failed, 3 skipped, 2 retries$", out, re.M)
     assert len(said) == 1, out
     assert re.search(r"  failed  bad#1\(2\) on rank [01]: RuntimeError: bad 2\n", out)
+
+
+STUCK = r"""
+import sys
+import time
+import taskgraph as tg
+
+@tg.task(timeout=0.5, retries=1, on_failure="skip")
+def stuck(x):
+    if x == 2:
+        time.sleep(60)  # (one C call: the timeout's interrupt cannot land in it)
+    return x
+
+@tg.task(cores=2)  # (every core of the rank: only free once the stuck calls gave theirs)
+def whole(vals):
+    return sum(vals)
+
+@tg.task(timeout=0.5)
+def inner(x):
+    time.sleep(60)
+    return x
+
+@tg.task
+def spawner():
+    try:
+        return tg.spawn(inner, 1).result()
+    except tg.TaskError as exc:
+        return str(exc.__cause__ or exc).splitlines()[-1]
+
+t0 = time.perf_counter()
+with tg.Graph("stuck") as g:
+    a = [stuck(i) for i in range(4)]
+    total = whole(a[:2])
+    s = spawner()
+run = tg.Cluster().run(g, workers=2)
+run.wait(30)
+print("seconds", round(time.perf_counter() - t0, 1))
+print("total", run.result(total))
+print("spawner", run.result(s))
+try:
+    run.result(a[2])
+except tg.TaskSkipped as exc:
+    print("skipped", exc)
+print("rows", sorted((r["attempt"], r["state"], r["ended"] is not None)
+      for r in run.trace.attempts() if r["label"].startswith("stuck#2")))
+sys.stdout.flush()
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_timed_call_stuck_in_one_c_call_is_abandoned_and_its_policy_applies(mpirun, tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent(STUCK))
+    proc = mpirun(1, [str(script)], timeout=50)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    # two attempts of 0.5 s, each abandoned 0.5 s after its interrupt: not the 60 s sleep
+    assert float(out["seconds"]) < 10, proc.stdout
+    assert out["total"] == "1"  # (its 2 cores came back from the abandoned calls)
+    stuck_note = "(stuck in a call the interrupt cannot end: its thread was abandoned)"
+    assert out["spawner"].endswith(f"inner(1) timed out after 0.5 s on rank 0/1 {stuck_note}")
+    assert out["skipped"] == (
+        "task stuck#2(2) was skipped: it failed on rank 0/1: AttemptTimeout: stuck#2(2) timed "
+        f"out after 0.5 s on rank 0/1 {stuck_note}"
+    )
+    assert out["rows"] == "[(1, 'retried', True), (2, 'failed', True)]"

@@ -22,6 +22,8 @@ Timeouts: a graph task's attempt is watched by the executor (where it has a poli
 else a timeout fails the run); a spawned or submitted call's attempt with a
 ``timeout`` always, by a watcher thread of this module (:class:`Watch`), and one past
 its time is a failed attempt (``AttemptTimeout``, a TimeoutError naming the call).
+A timed Python function runs on a thread of its own (:func:`_own_thread`), so that
+one stuck in a C call the interrupt cannot end is abandoned, and the policy goes on.
 As a waiting worker runs deeper calls on its own stack, the interrupt is raised only
 in the innermost timed attempt of a thread while nothing deeper runs there; one whose
 time ran out under a deeper call fails as that call returns to it. A managed call
@@ -41,6 +43,7 @@ import ctypes
 import heapq
 import html
 import itertools
+import math
 import pickle
 import sys
 import threading
@@ -53,7 +56,11 @@ from ..core.errors import TaskError
 from ..dsl.options import DEFAULT, TaskOptions, effective, options_of
 from ..dsl.tasks import Ref
 from .checkpoint import Checkpoint
+from .context import current as dynamic_context
+from .context import enter as enter_context
+from .launcher import EXES as _EXES
 from .launcher import call_need
+from .tuning import ABANDON
 
 RETRY, FAIL, SKIP, IGNORE = "retry", "fail", "skip", "ignore"
 
@@ -258,9 +265,9 @@ def _raise_in(ident: int, exc: type | None) -> None:
 class Timed:
     """One timed attempt of a spawned or submitted call, armed on thread ``ident``:
     its ``label``, ``limit`` (seconds), ``deadline`` (``time.perf_counter``), and
-    ``hit`` (its interrupt was raised, and not yet withdrawn)."""
+    ``hit`` (its interrupt was raised, and not yet withdrawn), at ``hit_at``."""
 
-    __slots__ = ("deadline", "hit", "ident", "label", "limit")
+    __slots__ = ("deadline", "hit", "hit_at", "ident", "label", "limit")
 
     def __init__(self, ident: int, label: str, limit: float, now: float):
         self.ident = ident
@@ -268,6 +275,7 @@ class Timed:
         self.limit = limit
         self.deadline = now + limit
         self.hit = False
+        self.hit_at = 0.0
 
 
 PAUSE = None  # on a thread's stack of timed attempts: a deeper call runs on it now
@@ -346,7 +354,7 @@ class Watch:
             top = stack[-1]
             if top is None or top.hit or now < top.deadline:
                 return False
-            top.hit = True
+            top.hit, top.hit_at = True, now
             return True
         del self.stacks[ident]
         live = self.live[worker] if 0 <= worker < len(self.live) else None
@@ -383,6 +391,26 @@ class Watch:
             self.heap.clear()
             self.kick.set()
 
+    def stuck(self, ident: int, now: float, after: float) -> bool:
+        """Whether the timed attempt on thread ``ident`` (one of its own: see
+        :func:`_own_thread`) was interrupted over ``after`` seconds ago and is still in
+        its call (nothing deeper runs there): a long C call, or code that caught the
+        interrupt. Lock held."""
+        stack = self.stacks.get(ident)
+        top = stack[-1] if stack else None
+        return top is not None and top.hit and now - top.hit_at > after
+
+    def abandon(self, ident: int) -> None:
+        """Thread ``ident``'s timed attempts are given up: off the watch (its
+        interrupt, raised already, ends the call if it ever returns). Lock held."""
+        for entry in self.stacks.pop(ident, ()):
+            if entry is not None:
+                entry.ident = 0
+                self.armed -= 1
+        if not self.armed:
+            self.heap.clear()
+            self.kick.set()
+
     def check(self, now: float, grace: float) -> float | None:
         """Interrupt the timed attempts past their deadline (see the class doc); the
         seconds until the next look, None when nothing is armed. Lock held."""
@@ -396,7 +424,7 @@ class Watch:
                 continue
             if not entry.hit:  # (else: raised as its deeper call returned)
                 _raise_in(entry.ident, AttemptTimeout)
-            entry.hit = True
+                entry.hit, entry.hit_at = True, now
             # (raised again after the grace if the call caught it and goes on)
             heapq.heappush(heap, (now + grace, next(self.seq), entry))
         if not self.armed:
@@ -426,13 +454,14 @@ def watch_loop(ex: Any) -> None:
         w.kick.wait(delay)
 
 
-def _arm(ex: Any, worker: int, opts: TaskOptions) -> None:
-    """A managed attempt with a timeout and a policy starts on ``worker``."""
+def _arm(ex: Any, worker: int, limit: float) -> None:
+    """A managed attempt with a timeout and a policy starts on ``worker`` (``limit``:
+    inf where it runs on a thread of its own, which times it)."""
     with ex.lock:
         start = time.perf_counter()
         ex.started[worker] = start
         ex.watch.hit.pop(worker, None)
-        ex.watch.live[worker] = (threading.get_ident(), start, opts.timeout)
+        ex.watch.live[worker] = (threading.get_ident(), start, limit)
 
 
 def _disarm(ex: Any, worker: int) -> None:
@@ -537,18 +566,27 @@ def give_back() -> tuple[list, Any] | None:
 def _attempt(ex: Any, worker: int, fn: Any, args, kwargs, label: str, opts: TaskOptions, task: int):
     """One attempt through the launcher; a timeout of it raises AttemptTimeout: a graph
     task's where it has a policy (the executor watches those), a spawned or submitted
-    call's always (the watcher thread: :class:`Watch`)."""
-    if task < 0 and opts.timeout is not None:
-        return _attempt_call(ex, worker, fn, args, kwargs, label, opts.timeout)
-    if not (task >= 0 and worker >= 0 and _timed(opts)):
+    call's always (the watcher thread: :class:`Watch`). A timed Python function on a
+    worker thread runs on a thread of its own (:func:`_own_thread`)."""
+    graph = task >= 0 and worker >= 0 and _timed(opts)
+    if not graph and (task >= 0 or opts.timeout is None):
         return _launch(ex, fn, args, kwargs, label, worker)
-    _arm(ex, worker, opts)
+    own = not opts.process and getattr(fn, "fn", fn) not in _EXES
+    if not graph:
+        if own:
+            return _own_thread(ex, worker, label, opts.timeout, fn, args, kwargs)
+        return _attempt_call(ex, worker, fn, args, kwargs, label, opts.timeout)
+    _arm(ex, worker, math.inf if own else opts.timeout)
     try:
         try:
+            if own:
+                return _own_thread(ex, worker, label, opts.timeout, fn, args, kwargs)
             return _launch(ex, fn, args, kwargs, label, worker)
         finally:
             _disarm(ex, worker)
     except AttemptTimeout:
+        if own:
+            raise
         raise AttemptTimeout(f"attempt timed out after {opts.timeout:g} s") from None
 
 
@@ -565,6 +603,52 @@ def _attempt_call(ex: Any, worker: int, fn: Any, args, kwargs, label: str, limit
         raise AttemptTimeout(
             f"{label} timed out after {limit:g} s on rank {net.rank}/{net.size}"
         ) from None
+
+
+def _own_thread(ex: Any, worker: int, label: str, limit: float, fn: Any, args, kwargs):
+    """:func:`_attempt_call` on a thread of its own, this one waiting for it: where the
+    interrupt cannot end the call (one long C call such as ``time.sleep``, or code that
+    catches it) ``ABANDON`` seconds after it was raised, that thread is abandoned (a
+    daemon; the interrupt ends it if the call ever returns, and its resources go back
+    then) and this attempt fails with AttemptTimeout: the policy goes on at once."""
+    out: list = []
+    done = threading.Event()
+    ctx = dynamic_context()
+
+    def body() -> None:
+        try:
+            enter_context(ctx)
+            try:
+                out.append((True, _attempt_call(ex, worker, fn, args, kwargs, label, limit)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                out.append((False, exc))
+            done.set()
+        except BaseException:  # noqa: BLE001 - an interrupt landing after its end
+            done.set()
+
+    th = threading.Thread(target=body, name=f"taskgraph-attempt {label}"[:60], daemon=True)
+    th.start()
+    try:
+        if not done.wait(limit):
+            while not done.wait(WATCH_PAUSED):
+                with ex.lock:
+                    if ex.watch.stuck(th.ident, time.perf_counter(), ABANDON):
+                        ex.watch.abandon(th.ident)
+                        break
+    except BaseException as exc:  # (the run stops: this worker is interrupted)
+        _raise_in(th.ident, type(exc))
+        raise
+    if not out:
+        ex.launcher.abandoned(worker, th.ident)
+        net = ex.net
+        raise AttemptTimeout(
+            f"{label} timed out after {limit:g} s on rank {net.rank}/{net.size} (stuck in "
+            f"a call the interrupt cannot end: its thread was abandoned)"
+        )
+    ok, value = out[0]
+    if ok:
+        return value
+    raise value
 
 
 def run_call(

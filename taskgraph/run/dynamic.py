@@ -42,15 +42,13 @@ from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
 from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import attempts
+from .context import tls as _tls
 
 PENDING, RUNNING, DONE, FAILED = range(4)
 
 # spawned calls nested on one worker's stack at most (each takes ~5 Python frames of
 # the interpreter's 1000): deeper, the waiting call fails with a clear error
 NEST_LIMIT = 150
-
-# per worker thread: (executor, worker index, the frames running on its stack)
-_tls = threading.local()
 
 _short = reprlib.Repr()
 _short.maxstring = 20
@@ -250,16 +248,6 @@ def wait(futures: Iterable[SpawnFuture]) -> list:
     for f in futures:
         values.append(f.result())
     return values
-
-
-def enter_worker(ex: Any, index: int, frames: list) -> None:
-    """This thread is worker ``index`` of ``ex``; ``frames``: its frame stack."""
-    _tls.ctx = (ex, index, frames)
-
-
-def leave_worker() -> None:
-    """This thread no longer works for a run."""
-    _tls.ctx = None
 
 
 def take_deeper(pool: deque, depth: int) -> SpawnFuture | None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -57,7 +58,7 @@ from .resources import (
     rank_info,
 )
 
-_EXES = (exemod.shell.fn, exemod.exe.fn)
+EXES = (exemod.shell.fn, exemod.exe.fn)
 
 
 class Stamps(NamedTuple):
@@ -77,7 +78,7 @@ def call_need(fn: Any, kwargs: dict | None, options: TaskOptions | None = None) 
     k cores at least)."""
     options = options_of(fn) if options is None else options
     extra = 0
-    if kwargs and getattr(fn, "fn", None) in _EXES:
+    if kwargs and getattr(fn, "fn", None) in EXES:
         extra = exemod.resources_of_call(kwargs).get("cores", 0) * options.cores
     return need_of(options, extra)
 
@@ -102,6 +103,9 @@ class Launcher:
     def __init__(self, ex: Any):
         self.ex = ex
         self._last: dict[int, Stamps] = {}
+        # by thread: what the calls on its stack hold (a waiting call runs deeper ones)
+        self._holding: dict[int, list[Need]] = {}
+        self._holding_lock = threading.Lock()
         self.capacities: list[Capacity] | None = None
         if ex.graph.has_values:  # (every rank decides alike: the same graph)
             self.capacities = capacities(ex.net.allgather(rank_info(ex.net.host, ex.nworkers)))
@@ -141,6 +145,20 @@ class Launcher:
         if why is not None:
             raise GraphError(why)
 
+    def abandoned(self, worker: int, ident: int) -> None:
+        """``worker``'s call on thread ``ident`` was abandoned, stuck in C
+        (taskgraph.run.attempts): its resources go back now (it sleeps or blocks, or
+        else it ends soon after: the interrupt waits for it), and it ends now in the
+        trace (its thread may still set its stamps if it comes back)."""
+        with self._holding_lock:
+            needs = self._holding.pop(ident, ())
+        for need in needs:
+            self.gate.release(need)
+        s = self._last.get(worker)
+        if s is not None and s.ended is None:
+            now = time.perf_counter()
+            self._last[worker] = s._replace(started=s.started or s.launched or now, ended=now)
+
     def last(self, worker: int) -> Stamps | None:
         """The stamps of the last call made for ``worker`` (None before any)."""
         return self._last.get(worker)
@@ -167,6 +185,9 @@ class Launcher:
         launched = clock()
         started: float | None = None
         ended: float | None = None
+        ident = threading.get_ident()
+        held = self._holding.setdefault(ident, [])
+        held.append(need)
         try:
             self._last[worker] = Stamps(ready, launched, None, None, need.cores)
             slot = self._throttle(label)
@@ -174,7 +195,7 @@ class Launcher:
             if options.process:
                 value, started, ended = self._in_process(call, args, kwargs, label, need, slot)
             else:
-                if call in _EXES:
+                if call in EXES:
                     kwargs = _with_threads(kwargs, options.cores)
                 started = clock()
                 if slot:
@@ -187,9 +208,16 @@ class Launcher:
                     raise
                 finally:
                     ended = clock()
-                started = getattr(value, "started", started) if call in _EXES else started
+                started = getattr(value, "started", started) if call in EXES else started
         finally:
-            gate.release(need)
+            with self._holding_lock:
+                mine = self._holding.get(ident) is held  # (else given back: abandoned)
+                if mine:
+                    held.pop()
+                    if not held:
+                        del self._holding[ident]
+            if mine:
+                gate.release(need)
             self._last[worker] = Stamps(
                 ready, launched, started, ended if started else clock(), need.cores
             )

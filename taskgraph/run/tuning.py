@@ -23,6 +23,9 @@ PARK = 200e-6  # a parked worker looks again this often, and helps with a task t
 # seconds a worker still in its task when the run stops (a failure, a cancel, a
 # timeout) is given before it is interrupted and abandoned
 STOP_GRACE = 2.0
+# seconds a timed attempt under a failure policy is given after its interrupt before
+# its thread is abandoned (stuck in a C call), and the policy goes on
+ABANDON = 0.5
 WATCH = 0.05  # the progress thread looks at least this often for tasks past their timeout
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from ..dsl.tasks import Ref
 from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import comm as commlib
-from . import dynamic
+from . import context
 from .direct import Staged
 from .schedstate import DONE
 
@@ -48,7 +48,7 @@ class WorkerLoop:
         waits = self.trace.waits  # (trace.waited, inline: it is on a message's path)
         multi = self.net.size > 1
         spool = self.spool
-        dynamic.enter_worker(self, index, self._frames[index])
+        context.enter_worker(self, index, self._frames[index])
         lock.acquire()
         try:
             while True:
@@ -90,7 +90,7 @@ class WorkerLoop:
                     return
         finally:
             lock.release()
-            dynamic.leave_worker()
+            context.leave_worker()
 
     def _run_task(self: Any, index: int, t: int, start: float) -> bool:
         """Run task t popped by worker ``index`` (lock not held on entry, held on

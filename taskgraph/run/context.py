@@ -1,0 +1,30 @@
+"""Which run and worker this thread works for: set by the worker loop, read by
+``tg.spawn`` and the waits (:mod:`taskgraph.run.dynamic`), and carried over to the
+thread a timed attempt runs on (:mod:`taskgraph.run.attempts`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+tls = threading.local()  # .ctx: (executor, worker index, frame stack), or None
+
+
+def enter_worker(ex: Any, index: int, frames: list) -> None:
+    """This thread is worker ``index`` of ``ex``; ``frames``: its frame stack."""
+    tls.ctx = (ex, index, frames)
+
+
+def leave_worker() -> None:
+    """This thread no longer works for a run."""
+    tls.ctx = None
+
+
+def current() -> tuple | None:
+    """(executor, worker index, frames) of this thread, or None."""
+    return getattr(tls, "ctx", None)
+
+
+def enter(ctx: tuple | None) -> None:
+    """This thread works as ``ctx`` says (a :func:`current` of another thread)."""
+    tls.ctx = ctx
