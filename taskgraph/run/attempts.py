@@ -569,25 +569,26 @@ def _attempt(ex: Any, worker: int, fn: Any, args, kwargs, label: str, opts: Task
     call's always (the watcher thread: :class:`Watch`). A timed Python function on a
     worker thread runs on a thread of its own (:func:`_own_thread`)."""
     graph = task >= 0 and worker >= 0 and _timed(opts)
-    if not graph and (task >= 0 or opts.timeout is None):
+    limit = opts.timeout
+    if limit is None or (not graph and task >= 0):
         return _launch(ex, fn, args, kwargs, label, worker)
     own = not opts.process and getattr(fn, "fn", fn) not in _EXES
     if not graph:
         if own:
-            return _own_thread(ex, worker, label, opts.timeout, fn, args, kwargs)
-        return _attempt_call(ex, worker, fn, args, kwargs, label, opts.timeout)
-    _arm(ex, worker, math.inf if own else opts.timeout)
+            return _own_thread(ex, worker, label, limit, fn, args, kwargs)
+        return _attempt_call(ex, worker, fn, args, kwargs, label, limit)
+    _arm(ex, worker, math.inf if own else limit)
     try:
         try:
             if own:
-                return _own_thread(ex, worker, label, opts.timeout, fn, args, kwargs)
+                return _own_thread(ex, worker, label, limit, fn, args, kwargs)
             return _launch(ex, fn, args, kwargs, label, worker)
         finally:
             _disarm(ex, worker)
     except AttemptTimeout:
         if own:
             raise
-        raise AttemptTimeout(f"attempt timed out after {opts.timeout:g} s") from None
+        raise AttemptTimeout(f"attempt timed out after {limit:g} s") from None
 
 
 def _attempt_call(ex: Any, worker: int, fn: Any, args, kwargs, label: str, limit: float):
@@ -628,18 +629,19 @@ def _own_thread(ex: Any, worker: int, label: str, limit: float, fn: Any, args, k
 
     th = threading.Thread(target=body, name=f"taskgraph-attempt {label}"[:60], daemon=True)
     th.start()
+    ident = th.ident or 0
     try:
         if not done.wait(limit):
             while not done.wait(WATCH_PAUSED):
                 with ex.lock:
-                    if ex.watch.stuck(th.ident, time.perf_counter(), ABANDON):
-                        ex.watch.abandon(th.ident)
+                    if ex.watch.stuck(ident, time.perf_counter(), ABANDON):
+                        ex.watch.abandon(ident)
                         break
     except BaseException as exc:  # (the run stops: this worker is interrupted)
-        _raise_in(th.ident, type(exc))
+        _raise_in(ident, type(exc))
         raise
     if not out:
-        ex.launcher.abandoned(worker, th.ident)
+        ex.launcher.abandoned(worker, ident)
         net = ex.net
         raise AttemptTimeout(
             f"{label} timed out after {limit:g} s on rank {net.rank}/{net.size} (stuck in "
