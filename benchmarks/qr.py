@@ -115,8 +115,8 @@ def measure(n: int, configs: list[tuple[int, int]]) -> dict:
         "baseline_blas_threads": THREADS,
         "scipy_1_thread_gflops": round(qr_flops(n, n) / scipy_1 / 1e9, 2),
         "gemm_peak_gflops": round(peak, 2),
-        "fraction_of_peak": round(fraction, 3),
-        "peak_noisy": noisy,
+        "fraction_of_peak": None if fraction is None else round(fraction, 3),
+        "peak_error": noisy,
         "vs_scipy": round(gflops[best] / scipy_g, 3),
         "vs_numpy": round(gflops[best] / numpy_g, 3),
         "vs_scipy_any_threads": round(

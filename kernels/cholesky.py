@@ -36,7 +36,7 @@ from numba.extending import register_jitable
 
 from taskgraph.core.errors import NotPositiveDefiniteError
 
-from . import _lapack
+from . import _lapack, _recursive
 from ._jit import Compiled
 
 __all__ = ["potrf", "trsm", "syrk", "gemm", "compile_op", "signature", "JITTED", "DTYPES"]
@@ -66,14 +66,9 @@ def _named(fn: Callable, routine: str) -> Callable:
     return numba.njit(nogil=True)(fn)
 
 
-def _make_potrf(routine: Callable, dtype: np.dtype, name: str) -> Callable:
-    def potrf_tile(a):
-        """LAPACK ?potrf(uplo='L') in place on square ``a``; returns LAPACK's info.
-
-        OpenBLAS's potrf lets NaN through (it only tests ``ajj <= 0``); reference
-        LAPACK stops there. A NaN anywhere in the lower triangle reaches the diagonal
-        of L, so an O(n) scan restores the reference behaviour.
-        """
+def _make_potrf_leaf(routine: Callable, dtype: np.dtype, name: str) -> Callable:
+    def potrf_leaf(a):
+        """LAPACK ?potrf(uplo='L') in place on square ``a``; returns LAPACK's info."""
         uplo = np.empty(1, np.int8)
         uplo[0] = _L
         ints = np.empty(3, np.int32)  # n, lda, info
@@ -81,11 +76,33 @@ def _make_potrf(routine: Callable, dtype: np.dtype, name: str) -> Callable:
         ints[1] = _ld(a)
         ints[2] = 0
         routine(uplo.ctypes, ints.ctypes, a.ctypes, ints[1:].ctypes, ints[2:].ctypes)
-        if ints[2] == 0:
+        return ints[2]
+
+    return _named(potrf_leaf, name + "_leaf")
+
+
+def _make_potrf(routine: Callable, dtype: np.dtype, name: str) -> Callable:
+    p = name[0]
+    rec = _recursive.make_potrf(
+        _make_potrf_leaf(routine, dtype, name),
+        _make_trsm(getattr(_lapack, p + "trsm"), dtype, p + "trsm"),
+        _make_syrk(getattr(_lapack, p + "syrk"), dtype, p + "syrk"),
+        name,
+    )
+
+    def potrf_tile(a):
+        """lower(a) <- L, L Lᵀ = a, by halves (:mod:`._recursive`); returns LAPACK's info.
+
+        OpenBLAS's potrf lets NaN through (it only tests ``ajj <= 0``); reference
+        LAPACK stops there. A NaN anywhere in the lower triangle reaches the diagonal
+        of L, so an O(n) scan restores the reference behaviour.
+        """
+        info = rec(a)
+        if info == 0:
             for j in range(a.shape[0]):
                 if np.isnan(a[j, j]):
                     return j + 1
-        return ints[2]
+        return info
 
     return _named(potrf_tile, name)
 
@@ -120,8 +137,9 @@ def trsm_maker(side: int, uplo: int, trans: int, diag: int) -> Callable:
     return make
 
 
-# b <- b · L⁻ᵀ, L the lower triangle of the first tile (side R, uplo L, trans T)
-_make_trsm = trsm_maker(_R, _L, _T, _N)
+# b <- b · L⁻ᵀ, L the lower triangle of the first tile (side R, uplo L, trans T): the
+# BLAS call on a leaf, by halves through gemm above it (taskgraph.kernels._recursive)
+_trsm_leaf = trsm_maker(_R, _L, _T, _N)
 
 
 def _make_syrk(routine: Callable, dtype: np.dtype, name: str) -> Callable:
@@ -178,6 +196,12 @@ def gemm_maker(transb: int) -> Callable:
 
 
 _make_gemm = gemm_maker(_T)  # c <- c − a·bᵀ
+
+
+def _make_trsm(routine: Callable, dtype: np.dtype, name: str) -> Callable:
+    p = name[0]
+    gemm = _make_gemm(getattr(_lapack, p + "gemm"), dtype, p + "gemm")
+    return _recursive.make_trsm(_trsm_leaf(routine, dtype, name + "_leaf"), gemm, name)
 
 
 # operation -> (factory, arguments that are only read, return type)

@@ -153,14 +153,18 @@ def run_gemm(fn, rng, m: int, n: int, k: int, dtype: str, layout: str) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [1, 7, 64, 100])
+@pytest.mark.parametrize("n", [1, 7, 64, 100, 129, 512])  # (recursive above 64: halves)
 def test_potrf(rng, n, dtype, layout):
     run_potrf(potrf, rng, n, dtype, layout)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,k", [(1, 1), (7, 7), (64, 64), (100, 100), (37, 64), (100, 3)])
+@pytest.mark.parametrize(
+    "m,k",
+    # (recursive above 16 columns: halves cut at multiples of 16, and odd remainders)
+    [(1, 1), (7, 7), (64, 64), (100, 100), (37, 64), (100, 3), (3, 130), (300, 200), (512, 512)],
+)
 def test_trsm(rng, m, k, dtype, layout):
     run_trsm(trsm, rng, m, k, dtype, layout)
 
@@ -261,6 +265,17 @@ def test_potrf_not_positive_definite(rng, dtype, order):
     assert info.value.order == order
     assert f"order {order}" in str(info.value)
     assert isinstance(info.value, ArithmeticError)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("order", [70, 129, 200])
+def test_potrf_not_positive_definite_deep_in_the_recursion(rng, dtype, order):
+    a = spd(rng, 200)  # (halves of 112 and 88 columns, then their halves)
+    a[order - 1, order - 1] = -1e4
+    a = np.asfortranarray(a.astype(dtype))
+    with pytest.raises(NotPositiveDefiniteError) as info:
+        potrf(a)
+    assert info.value.order == order
 
 
 @pytest.mark.parametrize("where,order", [((0, 0), 1), ((2, 1), 3), ((4, 4), 5), ((1, 0), 2)])

@@ -33,6 +33,19 @@ def gemm_peak(threads: int, dtype=np.float64, n: int = 2048, repeats: int = 3) -
     return 2.0 * n**3 / best / 1e9
 
 
+def vector_isa() -> str:
+    """The CPU's widest vector extensions that matter to a BLAS ("avx512 amx", "avx2",
+    ...): "Intel Xeon Processor" alone does not tell two VMs apart."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return ""
+    have = set(flags)
+    isa = "avx512" if "avx512f" in have else "avx2" if "avx2" in have else "sse"
+    return isa + (" amx" if "amx_tile" in have else "") if flags else ""
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -44,11 +57,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def blas() -> str:
+    """The BLAS the tile kernels run on (SciPy's), as threadpoolctl names it: its
+    ``internal_api``, version and the CPU kernels it picked, e.g. "openblas 0.3.30
+    (SkylakeX)"."""
+    import scipy.linalg.cython_blas  # noqa: F401 - loads the library the kernels call
+    from threadpoolctl import threadpool_info
+
+    found = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    mine = [i for i in found if "/scipy" in str(i.get("filepath", ""))] or found
+    if not mine:
+        return "unknown"
+    i = mine[0]
+    arch = f" ({i['architecture']})" if i.get("architecture") else ""
+    return f"{i.get('internal_api', '?')} {i.get('version', '?')}{arch}"
+
+
 def describe() -> dict:
     """A short description of this machine, for benchmark output."""
     return {
         "host": socket.gethostname(),
         "cpu": cpu_model(),
+        "isa": vector_isa(),
+        "blas": blas(),
         "cores": config.cores(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "python": platform.python_version(),

@@ -1,0 +1,111 @@
+"""Tile sizes chosen by measurement: the Cholesky kernels' speeds at a few tile sizes on
+this machine, measured once (about a second) and cached per CPU, BLAS and dtype.
+
+    >>> choice = tg.calibrate.cholesky_tile(8192, cores=2)
+    >>> choice.tile, choice.why()
+
+The model that turns the speeds into a tile is :mod:`taskgraph.plan.tilesize`. The
+cache lives in ``$TASKGRAPH_CACHE`` (default ``$XDG_CACHE_HOME/taskgraph``, else
+``~/.cache/taskgraph``), one JSON file per (CPU model, vector ISA, BLAS, dtype):
+another machine, or a new BLAS, measures afresh. ``refresh=True`` measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .core.machine import blas, cpu_model, gemm_peak, vector_isa
+from .plan.tilesize import Choice, choose
+
+CANDIDATES = (128, 192, 256, 384, 512, 768, 1024)
+REPEATS = 3  # calls of each kernel at each size (the fastest counts)
+VERSION = 2  # of the kernels: a cache made with other kernels is measured again
+
+
+def cache_dir() -> Path:
+    """Where the measurements are kept."""
+    env = os.environ.get("TASKGRAPH_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "taskgraph"
+
+
+def machine_key(dtype) -> str:
+    """What a measurement holds for: this CPU, its vector ISA, the BLAS and ``dtype``."""
+    what = f"{cpu_model()}|{vector_isa()}|{blas()}|{np.dtype(dtype).name}|v{VERSION}"
+    return hashlib.sha1(what.encode()).hexdigest()[:16]
+
+
+def _best(fn, operands: list[np.ndarray], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        fresh = [np.array(a, order="F") for a in operands]
+        t0 = time.perf_counter()
+        fn(*fresh)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure(dtype=np.float64, tiles=CANDIDATES, repeats: int = REPEATS) -> dict:
+    """Each Cholesky kernel's GFLOP/s on one thread at each tile size, and the 1-thread
+    GEMM peak, measured now: ``{"peak": g, "speeds": {tile: {kernel: g}}}``."""
+    from threadpoolctl import threadpool_limits
+
+    from taskgraph.kernels import gemm, potrf, syrk, trsm
+
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(0)
+    speeds: dict[int, dict[str, float]] = {}
+    with threadpool_limits(limits=1, user_api="blas"):
+        peak = gemm_peak(1, dtype, n=1024, repeats=repeats)
+        for b in tiles:
+            a, c = (np.asfortranarray(rng.random((b, b)), dtype=dtype) for _ in range(2))
+            spd = np.asfortranarray(a @ a.T + b * np.eye(b), dtype=dtype)
+            low = np.asfortranarray(np.linalg.cholesky(spd), dtype=dtype)
+            s = {
+                "gemm": _best(gemm, [a, a, c], repeats),
+                "syrk": _best(syrk, [a, c], repeats),
+                "trsm": _best(trsm, [low, c], repeats),
+                "potrf": _best(potrf, [spd], repeats),
+            }
+            flops = {"gemm": 2 * b**3, "syrk": b**3, "trsm": b**3, "potrf": b**3 / 3}
+            speeds[b] = {k: round(flops[k] / s[k] / 1e9, 3) for k in s}
+    return {"peak": round(peak, 3), "speeds": speeds}
+
+
+def measurements(dtype=np.float64, refresh: bool = False) -> dict:
+    """:func:`measure`, from the cache when this machine has measured before (the
+    cache is written atomically: ranks that measure at once do not corrupt it)."""
+    path = cache_dir() / f"tiles-{machine_key(dtype)}.json"
+    if not refresh:
+        try:
+            got = json.loads(path.read_text())
+            got["speeds"] = {int(b): s for b, s in got["speeds"].items()}
+            return got
+        except (OSError, ValueError, KeyError):
+            pass
+    got = measure(dtype)
+    got |= {"cpu": cpu_model(), "isa": vector_isa(), "blas": blas(), "dtype": np.dtype(dtype).name}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(got, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # (a read-only home: measured again next time)
+    return got
+
+
+def cholesky_tile(n: int, cores: int, dtype=np.float64, refresh: bool = False) -> Choice:
+    """The tile size for a tiled Cholesky of order ``n`` on ``cores`` kernel threads
+    (ranks x workers), from this machine's measured kernel speeds; ``.why()`` says why."""
+    m = measurements(dtype, refresh)
+    peak = max([m["peak"], *(s["gemm"] for s in m["speeds"].values())])  # (a noisy peak)
+    return choose(n, cores, m["speeds"], peak)

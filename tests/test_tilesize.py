@@ -1,0 +1,67 @@
+"""Tile sizes chosen by measurement: the pure model, and the calibration's cache."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from taskgraph import calibrate
+from taskgraph.plan.tilesize import choose, estimate
+
+# kernel speeds (GFLOP/s on one core) that grow with the tile, as on a real CPU
+SPEEDS = {
+    128: {"gemm": 30.0, "syrk": 25.0, "trsm": 20.0, "potrf": 10.0},
+    256: {"gemm": 60.0, "syrk": 50.0, "trsm": 40.0, "potrf": 20.0},
+    512: {"gemm": 80.0, "syrk": 70.0, "trsm": 60.0, "potrf": 35.0},
+    1024: {"gemm": 90.0, "syrk": 85.0, "trsm": 80.0, "potrf": 50.0},
+}
+
+
+def test_one_core_takes_the_fastest_kernels_and_many_cores_the_parallelism():
+    assert choose(8192, 1, SPEEDS, 100.0).tile == 1024
+    many = choose(8192, 64, SPEEDS, 100.0)
+    assert many.tile < 1024
+    # the path term: with 64 cores, tile 1024's 8 steps leave most cores idle
+    assert many.estimates[1024] > 2 * many.estimates[many.tile]
+
+
+def test_a_small_matrix_gets_tiles_that_make_enough_tasks():
+    assert choose(1024, 4, SPEEDS, 100.0).tile <= 256
+    assert set(choose(1024, 4, SPEEDS, 100.0).estimates) == {128, 256, 512, 1024}
+    assert set(choose(300, 4, SPEEDS, 100.0).estimates) == {128, 256}  # (none larger than n)
+    assert choose(100, 4, SPEEDS, 100.0).tile == 128  # (none fits: the smallest)
+
+
+def test_the_estimate_is_the_work_over_the_cores_plus_the_path():
+    one, two = estimate(4096, 512, 1, SPEEDS[512]), estimate(4096, 512, 2, SPEEDS[512])
+    assert one / 2 < two < one
+    # 8 tiles a side at 80 GFLOP/s gemm: the work alone is near n³/3 flops at those speeds
+    assert 4096**3 / 3 / 80e9 < one < 4096**3 / 3 / 50e9
+
+
+def test_the_choice_says_why():
+    why = choose(8192, 2, SPEEDS, 100.0).why()
+    assert why.startswith("tile ") and "n=8192 on 2 cores" in why and "s est." in why
+
+
+@pytest.mark.timeout(120)
+def test_the_calibration_measures_once_per_machine_and_dtype(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKGRAPH_CACHE", str(tmp_path))
+    first = calibrate.cholesky_tile(4096, 2, np.float64)
+    files = list(tmp_path.glob("tiles-*.json"))
+    assert len(files) == 1
+    kept = json.loads(files[0].read_text())
+    assert set(map(int, kept["speeds"])) == set(calibrate.CANDIDATES)
+    assert kept["blas"] and kept["dtype"] == "float64"
+    assert all(v > 0 for s in kept["speeds"].values() for v in s.values())
+    # a second call reads the file: edited speeds there change the choice
+    kept["speeds"] = {
+        str(b): {k: 1000.0 if b == 128 else 1.0 for k in s} for b, s in kept["speeds"].items()
+    }
+    files[0].write_text(json.dumps(kept))
+    assert calibrate.cholesky_tile(4096, 2, np.float64).tile == 128
+    assert first.tile in calibrate.CANDIDATES
+    calibrate.cholesky_tile(512, 1, np.float32)  # another dtype: another file
+    assert len(list(tmp_path.glob("tiles-*.json"))) == 2
