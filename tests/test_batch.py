@@ -60,6 +60,18 @@ def test_demo_prints_figures_and_json(run_cli):
     assert "GFLOP/s" in proc.stdout and "DGEMM peak" in proc.stdout
 
 
+def test_demo_picks_its_tile_by_measurement_and_says_why(run_cli, tmp_path):
+    env = {"TASKGRAPH_CACHE": str(tmp_path)}
+    proc = run_cli("demo", "--ranks", "2", "--n", "1024", "--json", timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["tile"] in (128, 192, 256, 384, 512, 768, 1024)
+    assert last["tile_why"].startswith(f"tile {last['tile']} for n=1024 on 2 cores")
+    assert "chosen by calibration: tile" in proc.stdout and "(--tile to override)" in proc.stdout
+    assert len(list(tmp_path.glob("tiles-*.json"))) == 1  # (kept for the next run)
+    assert last["peak_measurements"] == 2 and last["machine"]["blas"]
+
+
 def test_demo_float32_on_one_rank(run_cli):
     proc = run_cli(
         "demo",
