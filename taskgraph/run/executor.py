@@ -409,7 +409,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # back off: poll often while a worker is idle; while every worker
                     # computes, latency is hidden, so leave their cores alone
                     busy_workers = self._running >= self.nworkers
-                    cap = 10 * tuning.poll_max if busy_workers else tuning.poll_max
+                    cap = 10 * tuning.busy_poll if busy_workers else tuning.poll_max
                     if steal is None:
                         sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
                     else:  # (the spool and the queues: hints, without the lock or token)
@@ -419,8 +419,13 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 self.stats.sleeps += 1
                 if wake.wait(sleep):
                     # handed work (a worker stopped polling, or starts a long task):
-                    # back off afresh, not from when that worker began to poll
-                    sleep, idle_since = 0.0, clock()
+                    # back off afresh, not from when that worker began to poll; but
+                    # while every worker computes, from busy_poll: the doubling from
+                    # 20 µs after each handover took 16 % of a rank's one core
+                    # (2 ranks x 1 worker, docs/performance.md#cholesky-on-intel)
+                    busy_workers = self._running >= self.nworkers
+                    sleep = tuning.busy_poll if busy_workers else 0.0
+                    idle_since = clock()
 
     def _steal_step(self, depth: int | None, all_done: bool) -> bool:
         """One step of stealing (see :meth:`~taskgraph.run.steal.Stealer.step`), if
