@@ -13,23 +13,12 @@ when its flops are mostly ``gemm`` and its critical path is ``potrf`` -> ``trsm`
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from benchmarks.common import emit, quick_main
+from taskgraph.calibrate import best_seconds
 from taskgraph.core.machine import gemm_peak
-
-
-def best_seconds(fn, operands: list[np.ndarray], repeats: int = 20) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        fresh = [np.array(a, order="F") for a in operands]
-        t0 = time.perf_counter()
-        fn(*fresh)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def measure(tile: int, peak: float) -> dict:
@@ -41,10 +30,10 @@ def measure(tile: int, peak: float) -> dict:
     lower = np.asfortranarray(np.linalg.cholesky(spd))
     flops = {"gemm": 2 * tile**3, "syrk": tile**3, "trsm": tile**3, "potrf": tile**3 / 3}
     seconds = {
-        "gemm": best_seconds(gemm, [a, b, c]),
-        "syrk": best_seconds(syrk, [a, c]),
-        "trsm": best_seconds(trsm, [lower, c]),
-        "potrf": best_seconds(potrf, [spd]),
+        "gemm": best_seconds(gemm, [a, b, c], 20),
+        "syrk": best_seconds(syrk, [a, c], 20),
+        "trsm": best_seconds(trsm, [lower, c], 20),
+        "potrf": best_seconds(potrf, [spd], 20),
     }
     result: dict = {"benchmark": "tiles", "tile": tile, "dtype": "float64", "threads": 1}
     result["gemm_peak_gflops"] = round(peak, 2)

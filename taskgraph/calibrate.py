@@ -43,7 +43,9 @@ def machine_key(dtype) -> str:
     return hashlib.sha1(what.encode()).hexdigest()[:16]
 
 
-def _best(fn, operands: list[np.ndarray], repeats: int) -> float:
+def best_seconds(fn, operands: list[np.ndarray], repeats: int = REPEATS) -> float:
+    """The fastest of ``repeats`` calls of ``fn`` on fresh F-ordered copies of ``operands``
+    (in cache, as a tile just written is)."""
     best = float("inf")
     for _ in range(repeats):
         fresh = [np.array(a, order="F") for a in operands]
@@ -70,10 +72,10 @@ def measure(dtype=np.float64, tiles=CANDIDATES, repeats: int = REPEATS) -> dict:
             spd = np.asfortranarray(a @ a.T + b * np.eye(b), dtype=dtype)
             low = np.asfortranarray(np.linalg.cholesky(spd), dtype=dtype)
             s = {
-                "gemm": _best(gemm, [a, a, c], repeats),
-                "syrk": _best(syrk, [a, c], repeats),
-                "trsm": _best(trsm, [low, c], repeats),
-                "potrf": _best(potrf, [spd], repeats),
+                "gemm": best_seconds(gemm, [a, a, c], repeats),
+                "syrk": best_seconds(syrk, [a, c], repeats),
+                "trsm": best_seconds(trsm, [low, c], repeats),
+                "potrf": best_seconds(potrf, [spd], repeats),
             }
             flops = {"gemm": 2 * b**3, "syrk": b**3, "trsm": b**3, "potrf": b**3 / 3}
             speeds[b] = {k: round(flops[k] / s[k] / 1e9, 3) for k in s}
