@@ -572,22 +572,23 @@ def _attempt(ex: Any, worker: int, fn: Any, args, kwargs, label: str, opts: Task
     limit = opts.timeout
     if limit is None or (not graph and task >= 0):
         return _launch(ex, fn, args, kwargs, label, worker)
-    own = not opts.process and getattr(fn, "fn", fn) not in _EXES
-    if not graph:
-        if own:
+    if not opts.process and getattr(fn, "fn", fn) not in _EXES:  # (on a worker thread)
+        if not graph:
             return _own_thread(ex, worker, label, limit, fn, args, kwargs)
+        _arm(ex, worker, math.inf)  # (its own thread times it, not the executor's check)
+        try:
+            return _own_thread(ex, worker, label, limit, fn, args, kwargs)
+        finally:
+            _disarm(ex, worker)
+    if not graph:
         return _attempt_call(ex, worker, fn, args, kwargs, label, limit)
-    _arm(ex, worker, math.inf if own else limit)
+    _arm(ex, worker, limit)
     try:
         try:
-            if own:
-                return _own_thread(ex, worker, label, limit, fn, args, kwargs)
             return _launch(ex, fn, args, kwargs, label, worker)
         finally:
             _disarm(ex, worker)
     except AttemptTimeout:
-        if own:
-            raise
         raise AttemptTimeout(f"attempt timed out after {limit:g} s") from None
 
 
