@@ -33,6 +33,14 @@ def test_left_alone(cpus_by_rank):
     assert all(share(r, cpus_by_rank) is None for r in range(len(cpus_by_rank)))
 
 
+def test_a_rank_has_its_share_of_the_cpus_it_shares_with_other_ranks():
+    assert [affinity.rank_cores(r, [ALL4, ALL4]) for r in (0, 1)] == [2, 2]
+    assert affinity.rank_cores(0, [ALL4]) == 4  # alone on the node
+    # bound by the launcher: its own CPUs, whatever the others have
+    assert affinity.rank_cores(1, [frozenset({0}), frozenset({1, 2})]) == 2
+    assert affinity.rank_cores(0, [frozenset({0})] * 3) == 1  # oversubscribed: at least 1
+
+
 def test_shares_keep_hyperthread_siblings_and_sockets_together(tmp_path):
     # 2 sockets x 2 cores x 2 threads, numbered as Intel does: siblings 4 apart
     layout = {
@@ -106,6 +114,7 @@ out = {
     "widened": widened,
     "cores": config.cores(),
     "workers": c.workers,
+    "rank_cores": c.world.cores,
 }
 rows = c.world.allgather(out)
 if c.rank == 0:
@@ -135,6 +144,7 @@ def test_two_unbound_ranks_take_a_core_each_with_every_thread(mpirun, tmp_path):
         # what "cores" means does not change: the node's, for workers and labels
         assert r["widened"] == node and r["cores"] == len(node)
         assert r["workers"] == max(1, len(node) // 2)
+        assert r["rank_cores"] == len(r["bound"])  # what the progress thread weighs
     assert not set(rows[0]["main"]) & set(rows[1]["main"])
 
 
@@ -144,3 +154,5 @@ def test_taskgraph_bind_0_leaves_ranks_unbound(mpirun, tmp_path):
     node = sorted(os.sched_getaffinity(0))
     rows = job_rows(mpirun, tmp_path, env={"TASKGRAPH_BIND": "0"})
     assert all(r["bound"] is None and r["main"] == node for r in rows)
+    # unbound, the two still share the node's CPUs: half each
+    assert [r["rank_cores"] for r in rows] == [max(1, len(node) // 2)] * 2

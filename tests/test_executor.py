@@ -239,6 +239,17 @@ def test_two_workers_share_short_kernels_only_where_they_run_without_the_gil(nog
         assert max(shares) > 0.7, shares
 
 
+def test_the_progress_thread_polls_while_workers_compute_only_where_it_helps():
+    from taskgraph.run.tuning import poll_while_computing
+
+    # one core per worker, single-copy transfers on one node, no stealing: it would
+    # only take the workers' cores
+    assert not poll_while_computing(False, True, False)
+    assert poll_while_computing(True, True, False)  # a core to spare
+    assert poll_while_computing(False, False, False)  # chunked, or another node
+    assert poll_while_computing(False, True, True)  # a thief waits for an answer
+
+
 def test_the_short_task_limit_is_lower_only_when_every_task_runs_without_the_gil():
     import functools
 

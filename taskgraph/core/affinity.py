@@ -112,6 +112,14 @@ def cpu_quota() -> float | None:
     return None
 
 
+def rank_cores(local_rank: int, cpus_by_rank: Sequence[frozenset[int]]) -> int:
+    """The CPUs local rank ``local_rank`` has to itself, given every local rank's CPUs
+    before binding: its own, shared evenly with the ranks that have the same ones."""
+    mine = cpus_by_rank[local_rank]
+    sharing = sum(1 for cpus in cpus_by_rank if cpus == mine)
+    return max(1, len(mine) // sharing)
+
+
 def current() -> frozenset[int]:
     """This thread's CPUs (all of them where the OS cannot say)."""
     try:

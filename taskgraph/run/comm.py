@@ -69,6 +69,9 @@ class Network:
 
     rank = 0
     size = 1
+    cores = 1  # this rank's cores, shared with no other rank of the node
+    # every peer on this node, with large messages moved in one copy (see singlecopy)
+    single_copy_node = False
 
     def __init__(self):
         self.host = socket.gethostname()
@@ -276,6 +279,7 @@ class World:
         self.rank, self.size, self.local_size = 0, 1, 1
         self.single_copy = False
         self.bound_cpus: list[int] | None = None  # this rank's share, if it bound itself
+        self.cores = len(affinity.current())  # this rank's, shared with no other rank here
         self.parent_size = 1  # ranks of the job this world is part of
         self.runs = 0  # runs made on this world so far: the same count on every rank
         if use_mpi:
@@ -301,7 +305,7 @@ class World:
                 install_abort_hook(self.comm, self.rank, self.size)
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
             self.local_size = node.Get_size()
-            self.bound_cpus = self._bind(node)
+            self.bound_cpus, self.cores = self._bind(node)
             node.Free()
             self.values = self.comm.Dup()
 
@@ -323,6 +327,7 @@ class World:
         part.host, part.comm, part.values = self.host, sub, sub.Dup()
         part.rank, part.size = sub.Get_rank(), sub.Get_size()
         part.single_copy, part.bound_cpus = self.single_copy, self.bound_cpus
+        part.cores = self.cores
         part.parent_size, part.runs = self.parent_size, 0
         node = sub.Split_type(MPI.COMM_TYPE_SHARED)
         part.local_size = node.Get_size()
@@ -330,19 +335,21 @@ class World:
         return part
 
     @staticmethod
-    def _bind(node) -> list[int] | None:
+    def _bind(node) -> tuple[list[int] | None, int]:
         """This rank onto its share of the node's CPUs, if the launcher left every
-        rank on all of them (:mod:`taskgraph.core.affinity`); the CPUs, or None."""
+        rank on all of them (:mod:`taskgraph.core.affinity`): the CPUs (None if it did
+        not bind), and this rank's cores (its share, bound or not)."""
         # every rank takes part in the allgather, whatever its own settings say: a
         # rank that skipped it would leave the others waiting
         everyone = node.allgather(affinity.current())
+        cores = affinity.rank_cores(node.Get_rank(), everyone)
         if not config.bind():
-            return None
+            return None, cores
         key = affinity.topology_key()
         cpus = affinity.share(node.Get_rank(), everyone, affinity.cpu_quota(), key)
         if cpus is None or not affinity.bind(cpus):  # (not here, or not allowed: unbound)
-            return None
-        return cpus
+            return None, cores
+        return cpus, len(cpus)
 
     def network(self) -> Network:
         return MPINetwork(self.comm) if self.comm is not None else Network()
@@ -406,6 +413,7 @@ class RunComms:
 
     def __init__(self, world: World):
         self.size, self.rank = world.size, world.rank
+        self.world = world
         self.net: Any = None
         self.values: Any = None
         self._requests: list = []
@@ -423,7 +431,13 @@ class RunComms:
     def network(self) -> Network:
         """The run's network, on ``net``, which it then closes (call :meth:`ready` first)."""
         comm, self.net = self.net, None
-        return MPINetwork(comm, dup=False) if comm is not None else Network()
+        if comm is None:
+            return Network()
+        net = MPINetwork(comm, dup=False)
+        world = self.world
+        net.cores = world.cores
+        net.single_copy_node = world.single_copy and world.local_size == world.size
+        return net
 
     def close(self, retire: bool = False) -> None:
         """Free ``values``, and ``net`` if no network took it (``retire``: keep them for

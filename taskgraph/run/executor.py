@@ -61,6 +61,7 @@ from .tuning import (
     SHORT_TASK,
     STOP_GRACE,
     Tuning,
+    poll_while_computing,
     short_task_limit,
     timeouts_by_function,
 )
@@ -242,6 +243,10 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         if network.size > 1 and graph._values:
             self.steal = self.transfers.steal = Stealer(self, network)
             self.wake = doorbell.make()  # (other ranks ring it: see Stealer.connect)
+        # whether the progress thread polls while every worker computes (see there)
+        self._poll_computing = poll_while_computing(
+            network.cores > self.nworkers, network.single_copy_node, self.steal is not None
+        )
         attempts.install(self)  # failure policies, checkpoint (plain runs: no change)
 
     @property
@@ -410,7 +415,9 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # computes, latency is hidden, so leave their cores alone
                     busy_workers = self._running >= self.nworkers
                     cap = 10 * tuning.busy_poll if busy_workers else tuning.poll_max
-                    if steal is None:
+                    if busy_workers and not self._poll_computing:
+                        sleep = tuning.watch  # (the workers poll between their tasks)
+                    elif steal is None:
                         sleep = commlib.next_sleep(sleep, clock() - idle_since, cap)
                     else:  # (the spool and the queues: hints, without the lock or token)
                         planned = bool(tr.recvs_left or tr.recvs_active or tr.sends_active)
@@ -425,6 +432,8 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # (2 ranks x 1 worker, docs/performance.md#cholesky-on-intel)
                     busy_workers = self._running >= self.nworkers
                     sleep = tuning.busy_poll if busy_workers else 0.0
+                    if busy_workers and not self._poll_computing:
+                        sleep = tuning.watch
                     idle_since = clock()
 
     def _steal_step(self, depth: int | None, all_done: bool) -> bool:

@@ -30,6 +30,9 @@ ABANDON = 0.5
 # backing off to 10x: transfers then overlap the kernels, and a rank with one core per
 # worker keeps its cycles for them (a faster start took 16 % of a core at 2 x 1)
 BUSY_POLL = 2e-3
+# where the progress thread leaves the workers' cores alone while they compute
+# (poll_while_computing), a worker ending a task polls up to this many times in a row
+BOUNDARY_POLLS = 8
 WATCH = 0.05  # the progress thread looks at least this often for tasks past their timeout
 
 
@@ -77,6 +80,19 @@ class Tuning:
             stop_grace=STOP_GRACE,
             watch=WATCH,
         )
+
+
+def poll_while_computing(spare_cores: bool, single_copy_node: bool, stealing: bool) -> bool:
+    """Whether a rank's progress thread polls while every worker computes (else it
+    sleeps, looking at its watch's pace, and each worker polls once between tasks).
+
+    Polling then helps where it costs nothing (``spare_cores``: the rank has a core
+    more than its workers), where a large message moves only while both ranks call
+    MPI (not ``single_copy_node``: chunked copies, or a peer on another node), and where
+    a steal request waits for the answer (``stealing``). Otherwise its wake-ups take
+    the workers' own cores: 10 % of a 2 x 1 Cholesky on the Intel VM, for transfers
+    that one call lands anyway (docs/performance.md#cholesky-on-intel)."""
+    return spare_cores or not single_copy_node or stealing
 
 
 def short_task_limit(fns) -> float:

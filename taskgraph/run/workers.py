@@ -26,6 +26,7 @@ from . import comm as commlib
 from . import context
 from .direct import Staged
 from .schedstate import DONE
+from .tuning import BOUNDARY_POLLS
 
 
 def _new_buffer(datum) -> np.ndarray:
@@ -84,7 +85,7 @@ class WorkerLoop:
                 self.current[index] = t
                 self.started[index] = start = now()
                 lock.release()
-                if multi and t in self._long:
+                if multi and t in self._long and self._poll_computing:
                     self.wake.set()  # the progress thread polls while this task runs
                 if not self._run_task(index, t, start):
                     return
@@ -119,9 +120,16 @@ class WorkerLoop:
         # its sends first, if the network is free: they are the critical path of
         # another rank, the bookkeeping below is not
         sent = False
-        if multi and t in self.plan.sends:
+        if multi and (t in self.plan.sends or not self._poll_computing):
             try:
-                sent = tr.post_now(t)
+                if t in self.plan.sends:
+                    sent = tr.post_now(t)
+                if not self._poll_computing:
+                    # nobody polled while it ran: land what came, each landing posts
+                    # the next receive (the budget holds one large tile at a time)
+                    for _ in range(BOUNDARY_POLLS):
+                        if not tr.try_poll():
+                            break
             except BaseException as exc:  # noqa: BLE001 - reported to every rank
                 lock.acquire()
                 self._running -= 1
