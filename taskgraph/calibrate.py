@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .core import affinity, config
 from .core.machine import blas, cpu_model, gemm_peak, vector_isa
 from .plan.tilesize import Choice, choose
 
@@ -103,6 +104,14 @@ def measurements(dtype=np.float64, refresh: bool = False) -> dict:
     except OSError:
         pass  # (a read-only home: measured again next time)
     return got
+
+
+def on_this_node(n: int, threads: int, dtype=np.float64) -> Choice:
+    """:func:`cholesky_tile` for ``threads`` kernel threads of a cluster, measured by
+    one rank of this node on all of its CPUs (it is bound to its share), the threads
+    capped at the node's cores."""
+    with affinity.whole_node():
+        return cholesky_tile(n, min(threads, config.cores()), dtype)
 
 
 def cholesky_tile(n: int, cores: int, dtype=np.float64, refresh: bool = False) -> Choice:

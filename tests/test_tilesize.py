@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -65,3 +66,100 @@ def test_the_calibration_measures_once_per_machine_and_dtype(tmp_path, monkeypat
     assert first.tile in calibrate.CANDIDATES
     calibrate.cholesky_tile(512, 1, np.float32)  # another dtype: another file
     assert len(list(tmp_path.glob("tiles-*.json"))) == 2
+
+
+def _cache_favouring(path, tile: int) -> None:
+    """Make the calibration cache in ``path`` say that ``tile`` is by far the fastest
+    (measured once here, then edited)."""
+    path.mkdir(exist_ok=True)
+    old = os.environ.get("TASKGRAPH_CACHE")
+    os.environ["TASKGRAPH_CACHE"] = str(path)
+    try:
+        calibrate.cholesky_tile(2048, 1, np.float64)
+    finally:
+        if old is None:
+            del os.environ["TASKGRAPH_CACHE"]
+        else:
+            os.environ["TASKGRAPH_CACHE"] = old
+    (file,) = path.glob("tiles-*.json")
+    kept = json.loads(file.read_text())
+    kept["speeds"] = {
+        b: {k: 1000.0 if int(b) == tile else 1.0 for k in s} for b, s in kept["speeds"].items()
+    }
+    file.write_text(json.dumps(kept))
+
+
+@pytest.mark.timeout(120)
+def test_an_auto_tile_is_the_calibrated_one_and_says_why(tmp_path, monkeypatch):
+    import taskgraph as tg
+
+    _cache_favouring(tmp_path / "c", 256)
+    monkeypatch.setenv("TASKGRAPH_CACHE", str(tmp_path / "c"))
+    A = tg.TiledMatrix.random_spd(2048)  # tile="auto" by default
+    assert A.tile == 256 and A.mt == 8
+    assert A.tile_choice.tile == 256 and "tile 256 for n=2048" in A.tile_choice.why()
+    assert tg.TiledMatrix.zeros(1024, "auto").tile == 256
+    assert tg.TiledMatrix.random_spd(2048, 512).tile_choice is None  # given: no choice
+
+
+@pytest.mark.parametrize(
+    ("shape", "tile", "dtype", "says"),
+    [
+        ((100, 50), "auto", np.float64, "square"),
+        (100, "auto", np.int64, "float32 or float64"),
+        ((100,), "auto", np.float64, "square"),
+        (100, "fast", np.float64, '"auto"'),
+    ],
+)
+def test_an_auto_tile_only_where_the_calibration_applies(shape, tile, dtype, says):
+    import taskgraph as tg
+
+    with pytest.raises(ValueError, match=says):
+        tg.TiledMatrix(shape, tile, dtype)
+
+
+AUTO_JOB = """
+import os, sys
+import taskgraph as tg
+
+# each rank's own cache favours another tile: one answer means rank 0's, for all
+rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+os.environ["TASKGRAPH_CACHE"] = sys.argv[1 + int(rank)]
+c = tg.Cluster()
+A = tg.TiledMatrix.random_spd(2048)
+c.run(tg.linalg.cholesky(A)).wait()
+tiles = c.world.allgather(A.tile)
+if c.rank == 0:
+    print("TILES", *tiles, flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_ranks_agree_on_an_auto_tile(mpirun, tmp_path):
+    _cache_favouring(tmp_path / "r0", 256)
+    _cache_favouring(tmp_path / "r1", 512)
+    script = tmp_path / "auto.py"
+    script.write_text(AUTO_JOB)
+    proc = mpirun(2, [str(script), str(tmp_path / "r0"), str(tmp_path / "r1")], timeout=150)
+    assert proc.returncode == 0, proc.stderr
+    assert "TILES 256 256" in proc.stdout, proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_an_auto_tile_from_a_notebook_is_measured_on_the_engines(tmp_path, monkeypatch):
+    from conftest import engines_marker
+
+    import taskgraph as tg
+
+    _cache_favouring(tmp_path / "engines", 256)
+    _cache_favouring(tmp_path / "notebook", 512)
+    monkeypatch.setenv("TASKGRAPH_CACHE", str(tmp_path / "engines"))  # (engines inherit it)
+    with engines_marker(), tg.Cluster(n=2) as c:
+        monkeypatch.setenv("TASKGRAPH_CACHE", str(tmp_path / "notebook"))
+        A = tg.TiledMatrix.random_spd(1024, cluster=c)
+        assert A.tile == 256, A.tile_choice.why()
+        a = A.gather()
+        c.run(tg.linalg.cholesky(A)).wait()
+        assert tg.linalg.cholesky_residual(a, A.gather()) < 1e-12

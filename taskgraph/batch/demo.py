@@ -18,7 +18,6 @@ import sys
 
 import numpy as np
 
-from ..calibrate import cholesky_tile
 from ..cluster.job import JobCluster, compile_kernels
 from ..core import affinity, config
 from ..core.machine import describe, gemm_peak
@@ -92,12 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = cluster.size * cluster.workers
     why = "given"
     if args.tile is None:  # rank 0 measures (the others wait asleep), every rank uses it
-        choice = None
-        if cluster.rank == 0:
-            with affinity.whole_node():
-                choice = cholesky_tile(args.n, min(threads, config.cores()), dtype)
-        cluster.barrier()
-        args.tile, why = world.bcast((choice.tile, choice.why()) if choice else None)
+        choice = cluster.cholesky_tile(args.n, dtype)
+        args.tile, why = choice.tile, choice.why()
     A = TiledMatrix.random_spd(args.n, args.tile, dtype, seed=args.seed, cluster=cluster)
     graph = cholesky(A)
     compile_s = compile_kernels(graph)

@@ -150,6 +150,14 @@ class Cluster:
         """
         raise NotImplementedError
 
+    def cholesky_tile(self, n: int, dtype="float64"):
+        """The tile size for a tiled Cholesky of order ``n`` on this cluster's ranks x
+        workers, from the kernel speeds measured on its first rank's node (cached
+        there: :mod:`taskgraph.calibrate`): a
+        :class:`~taskgraph.plan.tilesize.Choice` (``.tile``, ``.why()``), the same on
+        every rank. What ``tile="auto"`` of a :class:`~taskgraph.TiledMatrix` uses."""
+        raise NotImplementedError
+
     def gather_tiles(self, matrix, out, root) -> None:
         """Copy every tile of ``matrix`` into the array ``out`` (on rank ``root`` in
         batch; in the notebook's process for engines). Called by

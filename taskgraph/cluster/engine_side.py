@@ -41,6 +41,7 @@ from collections import OrderedDict
 
 import cloudpickle
 
+from ..calibrate import on_this_node
 from ..core.errors import RunError, TaskgraphError
 from ..core.files import shm_files
 from ..dsl.tiled import TiledMatrix
@@ -143,6 +144,14 @@ def matrix(uid: int) -> TiledMatrix:
             f"matrix {uid} does not exist on rank {current_cluster().rank}: "
             "was the cluster restarted since it was made?"
         ) from None
+
+
+def cholesky_tile(n: int, workers: int | None, dtype: str):
+    """The Cholesky tile for the notebook's cluster (:meth:`Cluster.cholesky_tile`),
+    measured on this engine's node; ``workers``: the notebook's setting (None: each
+    engine's own default)."""
+    c = current_cluster()
+    return on_this_node(n, c.size * (workers or c.workers), dtype)
 
 
 def compile_kernels(dtypes=("float64", "float32")) -> float:

@@ -416,6 +416,13 @@ class EngineCluster(Cluster, kind="engines"):
         """Compile the built-in kernels on every engine now; the slowest engine's seconds."""
         return max(self._wait(self.view.apply_async(engine_side.compile_kernels, dtypes)))
 
+    def cholesky_tile(self, n: int, dtype="float64"):
+        """See :meth:`Cluster.cholesky_tile`: measured on the engine of rank 0."""
+        first = self.client[self.engine_ids[0]]
+        return self._wait(
+            first.apply_async(engine_side.cholesky_tile, n, self.workers, str(np.dtype(dtype)))
+        )
+
     def fetch(self, run_id: str, task: int, rank: int):
         """The value of ``task`` of run ``run_id`` from the engine of ``rank``."""
         return self._wait(

@@ -39,6 +39,7 @@ from __future__ import annotations
 import sys
 import threading
 
+from ..calibrate import on_this_node
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
@@ -231,6 +232,16 @@ class JobCluster(Cluster, kind="job"):
         from taskgraph.kernels import compile_all
 
         return float(max(self.world.allgather(compile_all(dtypes)["total"])))
+
+    def cholesky_tile(self, n: int, dtype="float64"):
+        """See :meth:`Cluster.cholesky_tile`. Collective over the cluster's ranks: rank 0
+        measures while the others wait asleep, and every rank gets its answer."""
+        threads = self.size * self.workers
+        if self.world is None:  # not one of the cluster's ranks: nothing to agree with
+            return on_this_node(n, threads, dtype)
+        choice = on_this_node(n, threads, dtype) if self.rank == 0 else None
+        self.barrier()
+        return self.world.bcast(choice)
 
     def restart(self) -> JobCluster:
         """Nothing to do in batch: a job's ranks cannot be replaced (a rank that dies

@@ -45,6 +45,7 @@ from .nested import describe
 from .placement import distribution_grid, owner_table
 
 _uids = itertools.count()  # matrices made here; a notebook's are negative
+AUTO_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))  # what calibration measures
 _registry: weakref.WeakValueDictionary[int, TiledMatrix] = weakref.WeakValueDictionary()
 
 
@@ -141,6 +142,10 @@ class TiledMatrix:
         The tile size: ``b`` (tiles of ``b x b``, or of ``b`` entries for a vector),
         ``(mb, nb)`` (tiles of mb rows and nb columns) or ``(mb,)`` for a vector.
         Tiles in the last row or column are smaller when the size does not divide.
+        ``"auto"`` (a square float32 or float64 matrix): the square tile a tiled
+        Cholesky runs fastest in on this cluster, from the kernels' speeds measured
+        on its first rank's node (:meth:`Cluster.cholesky_tile`; cached, so measured
+        once per machine and dtype); ``tile_choice.why()`` says why.
     dtype:
         Any NumPy dtype but ``object`` (floats, complex, ints, bools, float16, ...).
     grid:
@@ -186,6 +191,11 @@ class TiledMatrix:
         cluster=None,
         uid: int | None = None,
     ):
+        self.cluster: Any = cast(Any, cluster if cluster is not None else _current_cluster())
+        self.tile_choice = None  # what tile="auto" chose, and why
+        if isinstance(tile, str):
+            self.tile_choice = _auto_tile(self.cluster, shape, tile, dtype)
+            tile = self.tile_choice.tile
         dims, (mb, nb) = _geometry(shape, tile)
         self.ndim = len(dims)
         if lower and (self.ndim != 2 or dims[0] != dims[1] or mb != nb):
@@ -196,7 +206,6 @@ class TiledMatrix:
                 f"tiled matrices hold arrays of numbers, not {self.dtype} (Python objects "
                 "cannot move as buffers: mark them with tg.Data instead)"
             )
-        self.cluster: Any = cast(Any, cluster if cluster is not None else _current_cluster())
         self.remote = bool(getattr(self.cluster, "remote", False))  # made from a notebook
         self.nranks = self.cluster.size
         self.rank = self.cluster.rank
@@ -410,9 +419,10 @@ class TiledMatrix:
         return cls.from_function(shape, tile, lambda i, j, s: zero, dtype, **kw)
 
     @classmethod
-    def random_spd(cls, n: int, tile: int, dtype=np.float64, *, seed: int = 0, **kw):
+    def random_spd(cls, n: int, tile: int | str = "auto", dtype=np.float64, *, seed=0, **kw):
         """A random symmetric positive definite n x n matrix of ``dtype`` in tiles of
-        ``tile`` (lower tiles stored).
+        ``tile`` (lower tiles stored; ``"auto"``, the default: the tile a tiled
+        Cholesky runs fastest in here, see :class:`TiledMatrix`).
 
         Entries off the diagonal are uniform in [0, 1), and n is added to the diagonal,
         so the matrix is strictly diagonally dominant. Every tile is generated from
@@ -497,6 +507,20 @@ class TiledVector(TiledMatrix):
         if len(shape) != 1:
             raise ValueError(f"a TiledVector has one dimension, not shape {shape}")
         super().__init__(shape, tile, dtype, **kw)
+
+
+def _auto_tile(cluster, shape, tile: str, dtype):
+    """The Choice for ``tile="auto"`` (see :class:`TiledMatrix`); a ValueError where
+    it does not apply."""
+    dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape, shape)
+    if tile != "auto":
+        raise ValueError(f'tile must be a size, (mb, nb) or "auto", not {tile!r}')
+    if len(dims) != 2 or dims[0] != dims[1] or np.dtype(dtype) not in AUTO_DTYPES:
+        raise ValueError(
+            'tile="auto" picks the square tile of a tiled Cholesky, for a square float32 '
+            f"or float64 matrix, not {np.dtype(dtype)} of shape {shape}: give the tile size"
+        )
+    return cluster.cholesky_tile(_whole(dims[0]), np.dtype(dtype).name)
 
 
 def _geometry(shape, tile) -> tuple[tuple[int, ...], tuple[int, int]]:
