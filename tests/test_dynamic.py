@@ -294,3 +294,21 @@ def test_spawned_work_on_two_ranks_stays_on_its_rank(mpirun, tmp_path):
         failed = re.search(rf"rank {rank}: failed (.*) \| (\w+)", out)
         assert failed and "asks_child#0(4) on rank" in failed.group(1), out
         assert failed.group(2) == "True", out
+
+
+def test_call_labels_read_as_reprlib_would_cut_them():
+    """The spawned calls' names skip reprlib for numbers and small tuples of them (it
+    took a third of a spawn): every argument still reads as reprlib's short form."""
+    import reprlib
+
+    from taskgraph.run import dynamic
+
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 20
+    short.maxlist = short.maxtuple = 4
+    args = (1, -2.5, True, None, 10**30, 10**50, 1 / 3, (1, 2), (1,), (1, 2, 3, 4),
+            (1, 2, 3, 4, 5), (1, (2, 3)), (10**30, 1), (1.5e300, 2), "abc", "x" * 40,
+            [1, 2], (0.1, 10**19, 3), (), float("nan"))  # fmt: skip
+    label = dynamic.call_label(serial_fib, args, {"k": (4, 5)})
+    expected = ", ".join(short.repr(a) for a in args) + ", k=(4, 5)"
+    assert label == f"serial_fib({expected})"

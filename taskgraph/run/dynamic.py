@@ -60,8 +60,26 @@ def call_label(fn: Callable, args: tuple, kwargs: dict) -> str:
     """A readable name of the call ``fn(*args, **kwargs)``: ``fib(19)`` (long
     arguments cut short)."""
     name = getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)
-    parts = [_short.repr(a) for a in args] + [f"{k}={_short.repr(v)}" for k, v in kwargs.items()]
+    parts = [_brief(a) for a in args] + [f"{k}={_brief(v)}" for k, v in kwargs.items()]
     return f"{name}({', '.join(parts)})"
+
+
+_NUMBERS = frozenset({int, float, bool, type(None)})
+
+
+def _brief(a: Any) -> str:
+    """``a`` as reprlib's short form shows it; numbers and small tuples of them without
+    reprlib, which took a third of a spawn's time (every spawned call is named)."""
+    c = a.__class__
+    if c in _NUMBERS:
+        text = repr(a)
+        if len(text) <= _short.maxother:
+            return text
+    elif c is tuple and 1 < len(a) <= _short.maxtuple and all(x.__class__ in _NUMBERS for x in a):
+        texts = [repr(x) for x in a]
+        if all(len(t) <= _short.maxother for t in texts):
+            return f"({', '.join(texts)})"
+    return _short.repr(a)
 
 
 class SpawnedTaskError(TaskError):
@@ -201,6 +219,18 @@ def _context(what: str) -> tuple:
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
+def plain(args: tuple, kwargs: dict) -> bool:
+    """Whether every argument is a number, a string or a tuple of them (no future, and
+    small enough for a trace to keep)."""
+    if kwargs:
+        return False
+    for a in args:
+        c = a.__class__
+        if c not in _PLAIN and (c is not tuple or any(x.__class__ not in _PLAIN for x in a)):
+            return False
+    return True
+
+
 def _is_future(x: Any) -> bool:
     return callable(getattr(x, "result", None)) and callable(getattr(x, "done", None))
 
@@ -209,8 +239,8 @@ def check_values(fn: Any, args: tuple, kwargs: dict, what: str) -> None:
     """TypeError naming the call if an argument (or an item of a list, tuple, set or
     dict value among them) is a future: calls made while a run goes take values (a
     future is a dependency only in a graph)."""
-    if not kwargs and all(a.__class__ in _PLAIN for a in args):
-        return  # (the common spawn: numbers and strings; this is on every tg.spawn)
+    if plain(args, kwargs):
+        return  # (the common spawn: numbers, strings, tuples; this is on every tg.spawn)
     items = [*args, *kwargs.values()]
     for a in list(items):
         if isinstance(a, list | tuple | set | frozenset):

@@ -293,24 +293,24 @@ class Stealer:
         return payload
 
     def _take(self, payload: bytes, victim: int) -> None:
-        """A stolen call arrived: into this rank's pool."""
+        """A stolen call arrived: into this rank's pool, and a waiting worker woken,
+        before its bookkeeping (its name, the latency, the trace)."""
         key, fn, args, kwargs, depth = _unpack(payload)
         ex = self.ex
         fut = SpawnFuture(ex, fn, args, kwargs, depth)
-        label = fut.label()  # (made here: off the victim's path)
         fut.remote = (victim, key)
-        self.backoff.succeeded()
-        now = time.perf_counter()
-        bisect.insort(self._sorted, now - self.asked_at)
-        ex.trace.stole(victim, label, self.asked_at, now)
         with ex.lock:
             ex.spool.append(fut)
-            ex.stats.steals += 1
-            ex.stats.steal_latency_median_us = 1e6 * self._sorted[len(self._sorted) // 2]
             if ex.waiting:
                 ex.lock.notify()
             if ex.spawn_waiting:
                 ex.spawn_cv.notify_all()
+            now = time.perf_counter()
+            bisect.insort(self._sorted, now - self.asked_at)
+            ex.stats.steals += 1
+            ex.stats.steal_latency_median_us = 1e6 * self._sorted[len(self._sorted) // 2]
+        self.backoff.succeeded()
+        ex.trace.stole(victim, fut.label(), self.asked_at, now)
 
     def _deliver(self, payload: bytes) -> None:
         """The result of a call another rank stole came back."""
