@@ -397,6 +397,9 @@ class Transfers:
                 # (busy only if work came: a request answered or a "none" is no
                 # reason for a poller to poll more often)
                 got = steal.on_message(handle, src, tag, nbytes) or got
+                # another may be right behind it, its ring taken by this one's wake-up
+                # (a request behind a DONE waited 4 ms so): two probes before "none"
+                again = True
                 continue
             got = True
             if tag == CONTROL_TAG:
