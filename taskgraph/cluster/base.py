@@ -151,9 +151,9 @@ class Cluster:
         raise NotImplementedError
 
     def cholesky_tile(self, n: int, dtype="float64"):
-        """The tile size for a tiled Cholesky of order ``n`` on this cluster's ranks x
-        workers, from the kernel speeds measured on its first rank's node (cached
-        there: :mod:`taskgraph.calibrate`): a
+        """The tile size for a tiled Cholesky of order ``n`` in ``dtype`` on this
+        cluster's ranks x workers, from the kernel speeds measured on its first rank's
+        node (cached there: :mod:`taskgraph.calibrate`): a
         :class:`~taskgraph.plan.tilesize.Choice` (``.tile``, ``.why()``), the same on
         every rank. What ``tile="auto"`` of a :class:`~taskgraph.TiledMatrix` uses."""
         raise NotImplementedError

@@ -417,7 +417,8 @@ class EngineCluster(Cluster, kind="engines"):
         return max(self._wait(self.view.apply_async(engine_side.compile_kernels, dtypes)))
 
     def cholesky_tile(self, n: int, dtype="float64"):
-        """See :meth:`Cluster.cholesky_tile`: measured on the engine of rank 0."""
+        """See :meth:`Cluster.cholesky_tile` (order ``n``, ``dtype``): measured on the
+        engine of rank 0."""
         first = self.client[self.engine_ids[0]]
         return self._wait(
             first.apply_async(engine_side.cholesky_tile, n, self.workers, str(np.dtype(dtype)))

@@ -234,8 +234,9 @@ class JobCluster(Cluster, kind="job"):
         return float(max(self.world.allgather(compile_all(dtypes)["total"])))
 
     def cholesky_tile(self, n: int, dtype="float64"):
-        """See :meth:`Cluster.cholesky_tile`. Collective over the cluster's ranks: rank 0
-        measures while the others wait asleep, and every rank gets its answer."""
+        """See :meth:`Cluster.cholesky_tile` (order ``n``, ``dtype``). Collective over the
+        cluster's ranks: rank 0 measures while the others wait asleep, and every rank gets
+        its answer."""
         threads = self.size * self.workers
         if self.world is None:  # not one of the cluster's ranks: nothing to agree with
             return on_this_node(n, threads, dtype)
