@@ -124,9 +124,11 @@ class WorkerLoop:
             try:
                 if t in self.plan.sends:
                     sent = tr.post_now(t)
-                if not self._poll_computing:
+                if not self._poll_computing and self.sched.ready:
                     # nobody polled while it ran: land what came, each landing posts
-                    # the next receive (the budget holds one large tile at a time)
+                    # the next receive (the budget holds one large tile at a time).
+                    # Only with a task to go on to: else this worker polls idle, and
+                    # runs the task a tile releases the moment it lands (direct.py)
                     for _ in range(BOUNDARY_POLLS):
                         if not tr.try_poll():
                             break
