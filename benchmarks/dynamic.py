@@ -15,7 +15,9 @@ worker (3 and 4 oversubscribed on 2 cores), one warm-up run and best of REPEAT t
 runs in each job. Each ``dynamic`` row: ``speedup_vs_serial`` (serial seconds over
 ours) and ``vs_pool`` (the pool's seconds over ours: above 1 is better), the value and
 whether it equals the serial program's, and each rank's CPU over the run as a
-fraction of a core (``cpu_fraction_by_rank``).
+fraction of a core (``cpu_fraction_by_rank``); ``steals`` and their median latency
+(request to arrival), and ``pushes``, calls a victim sent an idle rank unasked
+(taskgraph.run.steal), with theirs (from the push: not in the steal latency).
 
 Also: ``dynamic_loaded``, UTS on 2 ranks while a busy loop pinned to CPU 0 shares the
 first rank's core, against the unloaded time (and the pool under the same load);
@@ -254,6 +256,8 @@ def child(p: Program, repeat: int) -> None:
         out = {"seconds": best[0], "seconds_all": [r[0] for r in runs], "value": best[1]}
         out["steals"] = best[3].get("steals", 0)
         out["steal_latency_median_us"] = round(1e6 * best[3].get("steal_latency_median", 0.0), 1)
+        out["pushes"] = best[3].get("pushes", 0)
+        out["push_latency_median_us"] = round(1e6 * best[3].get("push_latency_median", 0.0), 1)
         print(json.dumps(out | {"cpu_fraction_by_rank": fractions}), flush=True)
 
 
@@ -371,6 +375,8 @@ def rate(base: dict, ranks: int, got: dict) -> dict:
     row["cpu_tick_seconds"] = CPU_TICK
     row["steals"] = got.get("steals")
     row["steal_latency_median_us"] = got.get("steal_latency_median_us")
+    row["pushes"] = got.get("pushes")  # calls sent unasked to an idle rank (not steals)
+    row["push_latency_median_us"] = got.get("push_latency_median_us")
     return row
 
 

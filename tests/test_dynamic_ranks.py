@@ -170,7 +170,8 @@ for workers, delay in ((1, 0.0), (1, 0.002), (2, 0.002)):
         d = chain(35)
         gp = grandparent(5, delay)
     run = c.run(g, workers=workers).wait()
-    say("case", workers, delay, f.result(), q.result(), u.result(), d.result(), run.stats.steals)
+    say("case", workers, delay, f.result(), q.result(), u.result(), d.result(),
+        run.stats.steals + run.stats.pushes)
     say("caught", workers, delay, gp.result())
 
 with tg.Graph("far") as g:  # alone: the grandchild waits while its sibling naps

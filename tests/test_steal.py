@@ -20,6 +20,7 @@ from taskgraph.run.steal import (
     Backoff,
     Termination,
     choose_victim,
+    hungry_at_start,
     tag_base,
 )
 
@@ -48,7 +49,7 @@ def test_the_backoff_doubles_to_its_cap_and_a_success_resets_it():
 
 
 def test_stealing_tags_sit_above_every_planned_tag():
-    assert tag_base(32767) == 32764
+    assert tag_base(32767) == 32763  # (REQUEST, REPLY, RESULT, TERM, PUSH)
     assert tag_base(2**31 - 1) > 2**30
 
 
@@ -98,6 +99,15 @@ def test_termination_ignores_a_drain_before_finish_and_repeats():
     assert t.on_message(0, CLOSE) == [] and t.closed
     with pytest.raises(ValueError, match="only rank 0 counts"):
         t.on_message(0, DONE)
+
+
+def test_ranks_without_static_tasks_are_fed_from_the_start():
+    """Rank 1 and 3 have no static task: every other rank pushes them work unasked
+    (any depth), and no rank feeds itself."""
+    has = [True, False, True, False]
+    assert hungry_at_start(0, has) == {1: -1, 3: -1}
+    assert hungry_at_start(1, has) == {3: -1}
+    assert hungry_at_start(2, [True, True, True]) == {}
 
 
 def serial_fib(n: int) -> int:
@@ -188,7 +198,12 @@ for workers in (1, 2):
             q = slow_queens(8, cutoff=5, delay=delay)
             e = catches(6, delay)
         run = c.run(g, workers=workers).wait()
-        say("case", workers, delay, f.result(), q.result(), run.stats.steals, e.result())
+        moved = run.stats.steals + run.stats.pushes
+        say("case", workers, delay, f.result(), q.result(), moved, e.result())
+with tg.Graph("one") as g:  # one static task: the other ranks are fed from the start
+    f = slow_fib(14, 8, 0.002)
+run = c.run(g, workers=1).wait()
+say("one", f.result(), run.stats.pushes, run.trace.dynamic()["pushes"] if c.rank == 0 else "-")
 """
 
 
@@ -213,6 +228,10 @@ def test_spawned_calls_are_stolen_by_idle_ranks_and_results_are_exact(ranks, mpi
                 steals += int(found.group(3))
             if delay:  # with slow leaves an idle rank always finds work
                 assert steals > 0, out
+    pushed = [re.search(rf"rank {rank}: one 377 (\d+) (\S+)", out) for rank in range(ranks)]
+    assert all(pushed), out
+    assert sum(int(p.group(1)) for p in pushed) > 0, out  # (rank 0 feeds the idle ranks)
+    assert int(pushed[0].group(2)) == sum(int(p.group(1)) for p in pushed), out  # the trace
 
 
 IDLE_JOB = """

@@ -159,14 +159,14 @@ if c.rank == 0:
     s = trace.summary()
     json.dump(dict(
         result=f.result(), spawned=trace.spawned, steals=trace.steals, flows=len(flows),
-        summary=[s["spawned"], s["steals"], s["steal_latency_median"]],
+        summary=[s["spawned"], s["steals"], s["steal_latency_median"], s["pushes"]],
         stealing=[u["stealing"] for u in s["utilisation"]]), open({out!r} + ".merged", "w"))
 stats = run.stats
 def say(line):
     sys.stdout.write(line + chr(10))
     sys.stdout.flush()
 
-say(f"rank {{c.rank}} stats {{stats.steals}} {{stats.steal_latency_median_us}}")
+say(f"rank {{c.rank}} stats {{stats.steals + stats.pushes}} {{stats.steal_latency_median_us}}")
 with tg.Graph("static") as g:
     plain(plain(1))
 trace = c.run(g, workers=1).wait().trace
@@ -187,11 +187,13 @@ def test_two_ranks_merge_spawned_rows_and_steals_on_rank_0(mpirun, tmp_path):
     m = json.loads(Path(out + ".merged").read_text())
     assert m["result"] == 377
     assert {row[0] for row in m["spawned"]} == {0, 1}, "both ranks ran spawned calls"
-    assert m["steals"], "an idle rank stole with slow leaves"
-    for thief, victim, name, req, arr in m["steals"]:
+    assert m["steals"], "an idle rank stole (or was pushed) calls with slow leaves"
+    for thief, victim, name, req, arr, _pushed in m["steals"]:
         assert thief != victim and name.startswith("slow_fib(") and arr - req >= 0
     assert m["flows"] == 2 * len(m["steals"])
-    assert m["summary"][:2] == [len(m["spawned"]), len(m["steals"])]
+    pushed = sum(1 for row in m["steals"] if row[5])
+    assert m["summary"][:2] == [len(m["spawned"]), len(m["steals"]) - pushed]
+    assert m["summary"][3] == pushed
     assert m["summary"][2] >= 0 and sum(m["stealing"]) > 0
     steals = 0
     for rank in (0, 1):
@@ -213,3 +215,24 @@ def test_the_view_state_and_report_carry_the_steal_counts(tmp_path):
     assert state["util"][1]["stealing"] > 0
     text = Path(trace.to_html(tmp_path / "r.html")).read_text()
     assert '"steal_latency_median"' in text and "dynamicText" in text
+
+
+def test_pushed_calls_count_apart_from_steals_and_their_latency():
+    """A call pushed to an idle rank unasked is a row of its own kind: it is not a steal
+    and its latency (from the push) stays out of the steals' median."""
+    rec = Recorder(0, 0, workers=1, rank=1, host="h")
+    t = rec.t0
+    rec.stole(0, "f(2)", t + 0.3, t + 0.3001)
+    rec.stole(0, "f(3)", t + 0.4, t + 0.4003)
+    rec.stole(0, "f(4)", t + 0.5, t + 0.500002, pushed=True)
+    rec.wall = 1.0
+    trace = Trace("t", 2, [], [], [])
+    trace.ingest(rec.batch()[0])
+    d = trace.dynamic()
+    assert d["steals"] == 2 and d["steal_latency_median"] == pytest.approx(2e-4, abs=1e-6)
+    assert d["pushes"] == 1 and d["push_latency_median"] == pytest.approx(2e-6, abs=1e-7)
+    back = Trace.from_dict(json.loads(json.dumps(trace.to_dict())))
+    assert back.steals == trace.steals and back.dynamic()["pushes"] == 1
+    old = trace.to_dict()
+    old["steals"] = [row[:5] for row in old["steals"]]  # a file written before pushes
+    assert Trace.from_dict(json.loads(json.dumps(old))).dynamic()["steals"] == 3

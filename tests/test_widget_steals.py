@@ -98,7 +98,7 @@ def test_the_live_view_sends_only_new_spawned_rows_and_steals_each_update():
         (0, "g(0)", TASK_FAILED),
         (1, "f(2)", TASK_DONE),
     ]
-    assert [(t, v, name) for t, v, name, _req, _arr in steals] == [(1, 0, "f(2)")]
+    assert [(t, v, name, p) for t, v, name, _req, _arr, p in steals] == [(1, 0, "f(2)", False)]
     assert steals[0][4] - steals[0][3] == pytest.approx(5e-5, abs=1e-7)
     n = len(view.sent)
     view.update()

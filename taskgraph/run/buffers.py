@@ -87,7 +87,8 @@ class Stats:
         self.peak_sends = 0  # most sends in flight at once
         self.direct = 0  # tasks run the moment their message landed (taskgraph.run.direct)
         self.spawned = 0  # calls spawned by tasks here (taskgraph.run.dynamic)
-        self.steals = 0  # spawned calls this rank took from another
+        self.steals = 0  # spawned calls this rank took from another, asking
+        self.pushes = 0  # ... that another rank pushed to it (taskgraph.run.steal)
         self.steal_latency_median_us = 0.0  # request to arrival (taskgraph.run.steal)
         self.seconds = 0.0
 

@@ -320,8 +320,8 @@ class SpawnRunner:
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
         steal = self.steal
-        if steal is not None and steal.hungry:  # a rank waits to be offered work
-            self.wake.set()
+        if steal is not None and steal.hungry and not steal.feed():  # a rank waits for work
+            self.wake.set()  # (the token is taken: the progress thread offers)
         return fut
 
     def check_call(self: Any, fn: Any, fut: SpawnFuture) -> None:
@@ -360,6 +360,9 @@ class SpawnRunner:
                 self.lock.notify()
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
+        steal = self.steal
+        if steal is not None and steal.hungry:
+            steal.feed()  # (an idle rank gets it now, if the network token is free)
         self.wake.set()  # (the progress thread may be idle, and this rank a victim)
         return fut
 

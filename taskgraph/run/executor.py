@@ -331,7 +331,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.transfers.barrier()  # line the ranks' clocks up
         if self.steal is not None:
             bell = getattr(self.wake, "address", None)
-            self.steal.connect(self.net.allgather((self.net.host, bell)))
+            self.steal.connect(self.net.allgather((self.net.host, bell, bool(self.plan.tasks))))
         self.trace.start()
         threads = [
             threading.Thread(

@@ -19,6 +19,14 @@ Handlers never wait: a reply is posted (``Isend``) from the probe that found the
 request, and a result made by a worker is queued for the token holder. A rank with
 nothing to steal waits between attempts with a doubling back-off (:class:`Backoff`).
 
+Pushed work: a rank told "none" (and, from the start, a rank with no static task:
+:func:`hungry_at_start`) is *hungry*. The next call spawned on the victim goes to it at
+once, sent by the worker that spawned it (PUSH), if the network token is free: the
+victim's progress thread, asleep on a core its worker computes on, answered a request
+or sent an OFFER a wake-up later (1-9 ms at the start of a 2-rank UTS run). Else that
+thread sends an OFFER, and the hungry rank asks again. A push is not a request: the
+thief's own request, if one is out, is answered as usual.
+
 Termination (:class:`Termination`, pure): a rank whose static tasks are done (its
 spawned calls are joined by then) keeps stealing and answering. Point to point, through
 rank 0, in two rounds: DONE from every rank -> FINISH to every rank (no rank has work:
@@ -44,8 +52,8 @@ from . import comm as commlib
 from . import doorbell
 from .dynamic import PENDING, RUNNING, SpawnFuture
 
-REQUEST, REPLY, RESULT, TERM = range(4)  # tag offsets from the stealing tags' base
-NTAGS = 4
+REQUEST, REPLY, RESULT, TERM, PUSH = range(5)  # tag offsets from the stealing tags' base
+NTAGS = 5
 DONE, FINISH, DRAINED, CLOSE = b"D", b"F", b"R", b"C"  # termination messages (TERM)
 OFFER = b"O"  # (on TERM's tag too) work is here now: ask again at once
 REPLY_SLEEP = 1e-4  # seconds: the longest sleep of a rank waiting for a reply
@@ -82,6 +90,12 @@ def choose_victim(rank: int, size: int, rng: random.Random) -> int:
     """A rank other than ``rank`` (of ``size``), uniformly at random."""
     v = rng.randrange(size - 1)
     return v if v < rank else v + 1
+
+
+def hungry_at_start(rank: int, has_tasks: list[bool]) -> dict[int, int]:
+    """The ranks this one feeds before they ask: those without a static task (idle from
+    the start, they take any call: depth -1), other than itself."""
+    return {r: -1 for r, busy in enumerate(has_tasks) if not busy and r != rank}
 
 
 def idle_depth(ready: bool, pool, idle_workers: int, wait_depths: list[int], nworkers: int):
@@ -197,7 +211,8 @@ class Stealer:
         self.bells: list = [None] * net.size  # doorbell addresses (see connect)
         self.all_rung = False  # every other rank is rung after each message to it
         self.asking = False  # idle at the last step: it asks for work
-        self.hungry: dict[int, int] = {}  # rank -> depth: told "none", to be offered work
+        self.hungry: dict[int, int] = {}  # rank -> depth: told "none", to be fed work
+        self.local: list[bool] = [True] * net.size  # ranks on this host (one clock)
         self.offered: int | None = None  # a rank that offered work: asked next
         self.asked_at = 0.0
         self._asked = 0.0  # asked_at when the progress thread last slept
@@ -213,10 +228,13 @@ class Stealer:
         return tag >= self.base
 
     def connect(self, peers: list[tuple]) -> None:
-        """Every rank's (host, doorbell address or None), in rank order: ranks on this
-        host are rung after each message to them (see taskgraph.run.doorbell)."""
-        self.bells = doorbell.addresses(self.ex.wake, self.net.host, peers)
+        """Every rank's (host, doorbell address or None, whether it has static tasks), in
+        rank order: ranks on this host are rung after each message to them (see
+        taskgraph.run.doorbell); ranks without tasks are fed from the start."""
+        self.bells = doorbell.addresses(self.ex.wake, self.net.host, [p[:2] for p in peers])
         self.bells[self.net.rank] = None
+        self.local = [p[0] == self.net.host for p in peers]
+        self.hungry = hungry_at_start(self.net.rank, [p[2] for p in peers])
         self.all_rung = all(b is not None for r, b in enumerate(self.bells) if r != self.net.rank)
 
     def _send(self, dst: int, kind: int, payload: bytes) -> None:
@@ -252,9 +270,12 @@ class Stealer:
             self.outstanding = None
             self.ex.trace.looked(time.perf_counter() - self.asked_at)
             if buf:
-                self._take(bytes(buf), src)
+                self._take(bytes(buf), src, self.asked_at)
                 return True
             self.backoff.failed(time.perf_counter())
+        elif kind == PUSH:
+            self._take(bytes(buf), src, None)
+            return True
         elif kind == RESULT:
             self._deliver(bytes(buf))
             return True
@@ -282,7 +303,8 @@ class Stealer:
             item.state = RUNNING  # (elsewhere)
         self._key += 1
         try:
-            payload = pack((self._key, item.fn, item.args, item.kwargs, item.depth))
+            call = (self._key, item.fn, item.args, item.kwargs, item.depth)
+            payload = pack((*call, time.perf_counter()))  # (when sent: a push's latency)
         except Exception:  # noqa: BLE001 - an unpicklable call stays here
             with ex.lock:
                 item.pinned = True
@@ -292,10 +314,11 @@ class Stealer:
         self.stolen[self._key] = item
         return payload
 
-    def _take(self, payload: bytes, victim: int) -> None:
-        """A stolen call arrived: into this rank's pool, and a waiting worker woken,
-        before its bookkeeping (its name, the latency, the trace)."""
-        key, fn, args, kwargs, depth = _unpack(payload)
+    def _take(self, payload: bytes, victim: int, asked: float | None) -> None:
+        """A stolen call arrived, the answer to a request made at ``asked`` (None: pushed
+        to this rank): into this rank's pool, and a waiting worker woken, before its
+        bookkeeping (its name, the latency, the trace)."""
+        key, fn, args, kwargs, depth, sent = _unpack(payload)
         ex = self.ex
         fut = SpawnFuture(ex, fn, args, kwargs, depth)
         fut.remote = (victim, key)
@@ -306,11 +329,17 @@ class Stealer:
             if ex.spawn_waiting:
                 ex.spawn_cv.notify_all()
             now = time.perf_counter()
-            bisect.insort(self._sorted, now - self.asked_at)
-            ex.stats.steals += 1
-            ex.stats.steal_latency_median_us = 1e6 * self._sorted[len(self._sorted) // 2]
+            if asked is not None:
+                bisect.insort(self._sorted, now - asked)
+                ex.stats.steals += 1
+                ex.stats.steal_latency_median_us = 1e6 * self._sorted[len(self._sorted) // 2]
+            else:
+                ex.stats.pushes += 1
         self.backoff.succeeded()
-        ex.trace.stole(victim, fut.label(), self.asked_at, now)
+        pushed = asked is None
+        if asked is None:  # from when it was sent (one monotonic clock on one host)
+            asked = min(sent, now) if self.local[victim] else now
+        ex.trace.stole(victim, fut.label(), asked, now, pushed)
 
     def _deliver(self, payload: bytes) -> None:
         """The result of a call another rank stole came back."""
@@ -335,6 +364,26 @@ class Stealer:
                 self._send(r, TERM, OFFER)
 
     # -- from a worker ----------------------------------------------------------------
+
+    def feed(self) -> bool:
+        """A call was spawned here while a rank is hungry: push each hungry rank the
+        oldest call deeper than it asked for, from this thread, if the network token is
+        free (True; else False: the progress thread offers). Lock not held."""
+        token = self.ex.transfers.token
+        if not token.acquire(blocking=False):
+            return False
+        try:
+            if self.term.finished:  # (no call exists past FINISH: a hint gone stale)
+                return True
+            for r, depth in list(self.hungry.items()):
+                payload = self._give(depth)
+                if not payload:
+                    continue
+                del self.hungry[r]
+                self._send(r, PUSH, payload)
+        finally:
+            token.release()
+        return True
 
     def queue_result(self, item: Any, value: Any, failure: tuple | None) -> None:
         """A stolen call ended here: queue its result for its rank. Lock not held."""

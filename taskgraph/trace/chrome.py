@@ -116,9 +116,11 @@ def _steal_events(trace, first_id: int) -> list[dict]:
     """Per steal: a slice where the victim gave (at the request: the victim's own time
     of it is not recorded), a slice on the thief from request to arrival, an arrow."""
     events: list[dict] = []
-    for i, (thief, victim, name, req, arr) in enumerate(trace.steals, first_id):
+    for i, (thief, victim, name, req, arr, pushed) in enumerate(trace.steals, first_id):
         latency = arr - req
         args = {"task": name, "thief": thief, "victim": victim, "latency_us": latency * 1e6}
+        if pushed:
+            args["pushed"] = True  # (sent unasked to an idle rank: req is when it was sent)
         common = {"cat": "steal", "id": i, "args": args}
         flow = f"steal {victim}->{thief}"
         events += [

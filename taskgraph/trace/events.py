@@ -21,6 +21,12 @@ from .report import write_report
 __all__ = ["TASK_DONE", "TASK_FAILED", "FORMAT", "Recorder", "Trace", "TraceError"]
 
 
+def _median(xs: list[float]) -> float:
+    """The median of sorted ``xs`` (0.0 if empty)."""
+    n = len(xs)
+    return 0.0 if not n else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+
+
 def _attempt_rows(rank: int, at: dict, shift: float) -> list[list]:
     """A batch's attempt columns as merged rows (times moved by ``shift``)."""
 
@@ -81,7 +87,7 @@ class Trace:
         self.tasks: list[list] = []  # [rank, worker, start, end, kernel, task, state]
         self.messages: list[list] = []  # [src, dst, bytes, tag, posted, done]
         self.spawned: list[list] = []  # [rank, worker, start, end, name, state]
-        self.steals: list[list] = []  # [thief, victim, name, requested, arrived]
+        self.steals: list[list] = []  # [thief, victim, name, requested, arrived, pushed]
         # [rank, worker, label, task, attempt, state, ready, launched, started, ended, cores]
         self.attempt_rows: list[list] = []
         self.begun = [0] * nranks  # attempts launched on each rank, as it last said
@@ -181,9 +187,9 @@ class Trace:
         st = events.get("steals")
         if st:
             self.steals += [
-                [rank, victim, name, req + shift, arr + shift]
-                for victim, name, req, arr in zip(
-                    st["victim"], st["name"], st["requested"], st["arrived"]
+                [rank, victim, name, req + shift, arr + shift, pushed]
+                for victim, name, req, arr, pushed in zip(
+                    st["victim"], st["name"], st["requested"], st["arrived"], st["pushed"]
                 )
             ]
         at = events.get("attempts")
@@ -342,16 +348,18 @@ class Trace:
         return compute
 
     def dynamic(self) -> dict:
-        """Spawned calls that ran (and failed), steals, and the steals' median latency
-        (seconds from request to the call's arrival; 0.0 with none)."""
-        lat = sorted(row[4] - row[3] for row in self.steals)
-        n = len(lat)
-        median = 0.0 if not n else (lat[n // 2] if n % 2 else (lat[n // 2 - 1] + lat[n // 2]) / 2)
+        """Spawned calls that ran (and failed), steals and their median latency (seconds
+        from request to the call's arrival; 0.0 with none), and calls pushed to an idle
+        rank unasked, with theirs (from the push; see taskgraph.run.steal)."""
+        steals = sorted(row[4] - row[3] for row in self.steals if not row[5])
+        pushes = sorted(row[4] - row[3] for row in self.steals if row[5])
         return {
             "spawned": len(self.spawned),
             "spawned_failed": sum(1 for row in self.spawned if row[5] == TASK_FAILED),
-            "steals": n,
-            "steal_latency_median": median,
+            "steals": len(steals),
+            "steal_latency_median": _median(steals),
+            "pushes": len(pushes),
+            "push_latency_median": _median(pushes),
         }
 
     # -- a many-task run's attempts (see taskgraph.trace.cores) ------------------------
@@ -534,7 +542,8 @@ class Trace:
             t.status, t.error, t.elapsed = d["status"], d["error"], d["elapsed"]
             t.critical = d["critical"]
             t.compile_seconds = d.get("compile_seconds", 0.0)  # (older files have none)
-            t.spawned, t.steals = d.get("spawned", []), d.get("steals", [])
+            t.spawned = d.get("spawned", [])
+            t.steals = [[*row, False][:6] for row in d.get("steals", [])]  # (older: no "pushed")
             t.looking = d.get("looking", [0.0] * t.nranks)
             t.attempt_rows = d.get("attempts", [])
             t.begun = d.get("begun", [0] * t.nranks)

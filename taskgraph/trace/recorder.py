@@ -14,7 +14,8 @@ knows who watches.
 Task rows:    task id, worker, start, end, state (1 done, 2 failed)
 Message rows: peer, bytes, tag, posted, completed, direction (+1 sent, -1 received)
 Spawned rows: worker, start, end, name, state: a call made by ``tg.spawn`` that ran here
-Steal rows:   victim, name, requested, arrived: a spawned call this rank stole
+Steal rows:   victim, name, requested, arrived, pushed: a spawned call this rank stole (or
+              was pushed: see taskgraph.run.steal)
               (latency = arrived - requested)
 Attempt rows: worker, label, task, attempt, state, ready, launched, started, ended,
               cores: one attempt of a managed call (one with retries, resources, a
@@ -91,7 +92,7 @@ class Recorder:
         self.msg_dir = [0] * m
         self.nmsgs = 0
         self.spawn_rows: list[tuple[int, float, float, str, int]] = []
-        self.steal_rows: list[tuple[int, str, float, float]] = []
+        self.steal_rows: list[tuple[int, str, float, float, bool]] = []
         self.attempt_rows: list[tuple] = []
         self.begun: list[None] = []  # one entry per attempt launched (len: atomic count)
         self.looking = 0.0
@@ -150,11 +151,14 @@ class Recorder:
         if self.enabled:
             self.spawn_rows.append((worker, start, end, name, state))
 
-    def stole(self, victim: int, name: str, requested: float, arrived: float) -> None:
+    def stole(
+        self, victim: int, name: str, requested: float, arrived: float, pushed: bool = False
+    ) -> None:
         """This rank stole the call ``name`` from ``victim``: asked at ``requested``, it
-        arrived at ``arrived`` (both from ``clock``)."""
+        arrived at ``arrived`` (both from ``clock``); ``pushed``: the victim sent it
+        unasked, at ``requested`` (see taskgraph.run.steal)."""
         if self.enabled:
-            self.steal_rows.append((victim, name, requested, arrived))
+            self.steal_rows.append((victim, name, requested, arrived, pushed))
 
     def begin(self) -> None:
         """An attempt of a managed call was launched (any thread): until its
@@ -228,6 +232,7 @@ class Recorder:
                 "name": [r[1] for r in steal],
                 "requested": [r[2] - t0 for r in steal],
                 "arrived": [r[3] - t0 for r in steal],
+                "pushed": [r[4] for r in steal],
             },
         }
         if na > ca:  # (only with rows: a static run's batch stays as it was)
