@@ -163,3 +163,16 @@ def test_an_auto_tile_from_a_notebook_is_measured_on_the_engines(tmp_path, monke
         a = A.gather()
         c.run(tg.linalg.cholesky(A)).wait()
         assert tg.linalg.cholesky_residual(a, A.gather()) < 1e-12
+
+
+def test_a_cold_timing_reads_its_operands_from_memory():
+    """The calibration times kernels on operands out of the caches (as a large matrix's
+    tiles are in a run): a pass over 4 MiB, which the last-level cache holds, takes
+    longer cold than hot (1.5-1.9x on the AMD VM)."""
+    from taskgraph import calibrate
+
+    assert calibrate.evict_bytes() >= calibrate.EVICT_BYTES
+    a = np.ones((512, 1024))
+    hot = calibrate.best_seconds(np.sum, [a], 7)
+    cold = calibrate.best_seconds(np.sum, [a], 7, cold=True)
+    assert cold > 1.15 * hot, (cold, hot)
