@@ -275,7 +275,10 @@ except tg.TaskError as exc:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(180)
-def test_spawned_work_on_two_ranks_stays_on_its_rank(mpirun, tmp_path):
+def test_spawned_work_on_two_ranks_gives_exact_values_wherever_it_runs(mpirun, tmp_path):
+    """Both ranks spawn; an idle one may take (or be pushed) the other's calls near the
+    end (timing decides: that is taskgraph.run.steal's to test), and every value and
+    error comes out the same."""
     from pathlib import Path
 
     script = tmp_path / "dyn.py"
@@ -290,7 +293,7 @@ def test_spawned_work_on_two_ranks_stays_on_its_rank(mpirun, tmp_path):
             caught = re.search(rf"rank {rank}: caught {workers} (.*)", out)
             assert caught and "caught: task middle(5) on rank" in caught.group(1), out
             spawned = re.search(rf"rank {rank}: spawned {workers} (\d+) (\d+)", out)
-            assert spawned and int(spawned.group(1)) > 0 and spawned.group(2) == "0", out
+            assert spawned and int(spawned.group(1)) > 0, out
         failed = re.search(rf"rank {rank}: failed (.*) \| (\w+)", out)
         assert failed and "asks_child#0(4) on rank" in failed.group(1), out
         assert failed.group(2) == "True", out

@@ -320,8 +320,12 @@ class SpawnRunner:
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
         steal = self.steal
-        if steal is not None and steal.hungry and not steal.feed():  # a rank waits for work
-            self.wake.set()  # (the token is taken: the progress thread offers)
+        if steal is not None and steal.hungry:  # a rank waits for work: feed it from here,
+            # unless a timed attempt runs on this thread (its interrupt could land between
+            # taking the call out of the pool and sending it); else the poller offers
+            timed = self.watch.timed_on(threading.get_ident(), _tls.ctx[1])
+            if timed or not steal.feed():
+                self.wake.set()
         return fut
 
     def check_call(self: Any, fn: Any, fut: SpawnFuture) -> None:
