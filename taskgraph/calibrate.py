@@ -12,6 +12,7 @@ another machine, or a new BLAS, measures afresh. ``refresh=True`` measures again
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -50,6 +51,7 @@ def machine_key(dtype) -> str:
     return hashlib.sha1(what.encode()).hexdigest()[:16]
 
 
+@functools.cache
 def evict_bytes() -> int:
     """Bytes to write to push data out of every cache: twice the largest cache the
     kernel reports for CPU 0 (Linux sysfs), at least ``EVICT_BYTES``."""
@@ -67,13 +69,16 @@ def evict_bytes() -> int:
 
 
 def best_seconds(
-    fn, operands: list[np.ndarray], repeats: int = REPEATS, cold: bool = False
+    fn, operands: list[np.ndarray], repeats: int = REPEATS, cold: bool | np.ndarray = False
 ) -> float:
     """The fastest of ``repeats`` calls of ``fn`` on fresh F-ordered copies of ``operands``
     (in cache, as a tile just written is; ``cold``: out of every cache, as the tiles of
-    a large matrix are)."""
+    a large matrix are; True, or the scratch array of :func:`evict_bytes` bytes to write,
+    made once by a caller that times many calls)."""
     best = float("inf")
-    scratch = np.empty(evict_bytes() // 8) if cold else None
+    scratch = cold if isinstance(cold, np.ndarray) else None
+    if cold is True:
+        scratch = np.empty(evict_bytes() // 8)
     for _ in range(repeats):
         fresh = [np.array(a, order="F") for a in operands]
         if scratch is not None:
@@ -95,6 +100,7 @@ def measure(dtype=np.float64, tiles=CANDIDATES, repeats: int = REPEATS) -> dict:
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(0)
     speeds: dict[int, dict[str, float]] = {}
+    cold = np.empty(evict_bytes() // 8)  # (written between the timed calls: one for all)
     with threadpool_limits(limits=1, user_api="blas"):
         peak = gemm_peak(1, dtype, n=1024, repeats=repeats)
         for b in tiles:
@@ -102,10 +108,10 @@ def measure(dtype=np.float64, tiles=CANDIDATES, repeats: int = REPEATS) -> dict:
             spd = np.asfortranarray(a @ a.T + b * np.eye(b), dtype=dtype)
             low = np.asfortranarray(np.linalg.cholesky(spd), dtype=dtype)
             s = {
-                "gemm": best_seconds(gemm, [a, a, c], repeats, cold=True),
-                "syrk": best_seconds(syrk, [a, c], repeats, cold=True),
-                "trsm": best_seconds(trsm, [low, c], repeats, cold=True),
-                "potrf": best_seconds(potrf, [spd], repeats, cold=True),
+                "gemm": best_seconds(gemm, [a, a, c], repeats, cold),
+                "syrk": best_seconds(syrk, [a, c], repeats, cold),
+                "trsm": best_seconds(trsm, [low, c], repeats, cold),
+                "potrf": best_seconds(potrf, [spd], repeats, cold),
             }
             flops = {"gemm": 2 * b**3, "syrk": b**3, "trsm": b**3, "potrf": b**3 / 3}
             speeds[b] = {k: round(flops[k] / s[k] / 1e9, 3) for k in s}

@@ -337,7 +337,7 @@ class Stealer:
                 ex.stats.pushes += 1
         self.backoff.succeeded()
         pushed = asked is None
-        if asked is None:  # from when it was sent (one monotonic clock on one host)
+        if pushed:  # from when it was sent (one monotonic clock on one host)
             asked = min(sent, now) if self.local[victim] else now
         ex.trace.stole(victim, fut.label(), asked, now, pushed)
 

@@ -21,12 +21,6 @@ from .report import write_report
 __all__ = ["TASK_DONE", "TASK_FAILED", "FORMAT", "Recorder", "Trace", "TraceError"]
 
 
-def _median(xs: list[float]) -> float:
-    """The median of sorted ``xs`` (0.0 if empty)."""
-    n = len(xs)
-    return 0.0 if not n else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
-
-
 def _attempt_rows(rank: int, at: dict, shift: float) -> list[list]:
     """A batch's attempt columns as merged rows (times moved by ``shift``)."""
 
@@ -351,15 +345,15 @@ class Trace:
         """Spawned calls that ran (and failed), steals and their median latency (seconds
         from request to the call's arrival; 0.0 with none), and calls pushed to an idle
         rank unasked, with theirs (from the push; see taskgraph.run.steal)."""
-        steals = sorted(row[4] - row[3] for row in self.steals if not row[5])
-        pushes = sorted(row[4] - row[3] for row in self.steals if row[5])
+        steals = [row[4] - row[3] for row in self.steals if not row[5]]
+        pushes = [row[4] - row[3] for row in self.steals if row[5]]
         return {
             "spawned": len(self.spawned),
             "spawned_failed": sum(1 for row in self.spawned if row[5] == TASK_FAILED),
             "steals": len(steals),
-            "steal_latency_median": _median(steals),
+            "steal_latency_median": corelib.median(steals),
             "pushes": len(pushes),
-            "push_latency_median": _median(pushes),
+            "push_latency_median": corelib.median(pushes),
         }
 
     # -- a many-task run's attempts (see taskgraph.trace.cores) ------------------------
