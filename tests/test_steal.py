@@ -199,7 +199,7 @@ for workers in (1, 2):
             e = catches(6, delay)
         run = c.run(g, workers=workers).wait()
         moved = run.stats.steals + run.stats.pushes
-        say("case", workers, delay, f.result(), q.result(), moved, e.result())
+        say("case", workers, delay, f.result(), q.result(), moved, e.result(), run.stats.claims)
 with tg.Graph("one") as g:  # one static task: the other ranks are fed from the start
     f = slow_fib(14, 8, 0.002)
 run = c.run(g, workers=1).wait()
@@ -216,18 +216,22 @@ def test_spawned_calls_are_stolen_by_idle_ranks_and_results_are_exact(ranks, mpi
     proc = mpirun(ranks, [str(script)], timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
+    claims = 0
     for workers in (1, 2):
         for delay in (0.0, 0.002):
             steals = 0
             for rank in range(ranks):
                 found = re.search(
-                    rf"rank {rank}: case {workers} {delay} (\d+) (\d+) (\d+) caught True", out
+                    rf"rank {rank}: case {workers} {delay} (\d+) (\d+) (\d+) caught True (\d+)",
+                    out,
                 )
                 assert found, out
                 assert (int(found.group(1)), int(found.group(2))) == (987, 92), out
                 steals += int(found.group(3))
+                claims += int(found.group(4))
             if delay:  # with slow leaves an idle rank always finds work
                 assert steals > 0, out
+    assert claims > 0, out  # (one host: thieves take calls from the boards, unasked)
     pushed = [re.search(rf"rank {rank}: one 377 (\d+) (\S+)", out) for rank in range(ranks)]
     assert all(pushed), out
     assert sum(int(p.group(1)) for p in pushed) > 0, out  # (rank 0 feeds the idle ranks)

@@ -89,6 +89,7 @@ class Stats:
         self.spawned = 0  # calls spawned by tasks here (taskgraph.run.dynamic)
         self.steals = 0  # spawned calls this rank took from another, asking
         self.pushes = 0  # ... that another rank pushed to it (taskgraph.run.steal)
+        self.claims = 0  # ... of the steals, those taken from a board (taskgraph.run.board)
         self.steal_latency_median_us = 0.0  # request to arrival (taskgraph.run.steal)
         self.seconds = 0.0
 

@@ -42,6 +42,7 @@ import numpy as np
 from ..core import affinity, config
 from ..core.errors import RunError
 from ..core.files import unlink_own_shm
+from . import board
 from .singlecopy import CMA_VARS, enable_single_copy
 
 CONTROL_TAG = 0
@@ -257,6 +258,7 @@ def install_abort_hook(comm, rank: int, size: int) -> None:
         # of the abort: without a moment's grace the traceback came out cut short
         time.sleep(ABORT_GRACE)
         unlink_own_shm()  # an abort skips MPI_Finalize, which would remove them
+        board.unlink_own()  # ... and the runs' own cleanup
         comm.Abort(1)
 
     hook = abort_hook(sys.excepthook, abort, rank, size)

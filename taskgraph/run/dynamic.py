@@ -121,7 +121,7 @@ class SpawnFuture(Frame):
     Fields guarded by the executor's lock: ``state`` (PENDING, RUNNING, DONE, FAILED),
     ``value``, ``exc`` (the exception, where it ran here), ``failure`` (the error as
     (task, rank, size, host, error, traceback)), ``observed`` (its error was raised
-    to a waiter already); ``pinned`` and ``remote``: see taskgraph.run.steal."""
+    to a waiter already); ``pinned``, ``remote`` and ``slot``: see taskgraph.run.steal."""
 
     __slots__ = (
         "args",
@@ -133,6 +133,7 @@ class SpawnFuture(Frame):
         "owner",
         "pinned",
         "remote",
+        "slot",
         "state",
         "submitted",
         "value",
@@ -152,6 +153,7 @@ class SpawnFuture(Frame):
         self.pinned = False  # it cannot be pickled: never stolen
         self.remote: tuple[int, int] | None = None  # stolen from (rank, key): result goes there
         self.submitted = False  # from outside the run's tasks (Executor.submit): no parent
+        self.slot = -1  # its slot on the rank's board (taskgraph.run.board); -2: too large
 
     def label(self) -> str:
         """A readable name of the call: ``fib(19)``."""
@@ -320,12 +322,21 @@ class SpawnRunner:
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
         steal = self.steal
-        if steal is not None and steal.hungry:  # a rank waits for work: feed it from here,
-            # unless a timed attempt runs on this thread (its interrupt could land between
-            # taking the call out of the pool and sending it); else the poller offers
+        if steal is None:
+            return fut
+        if steal.hungry:  # a rank waits for work: feed it from here, unless a timed
+            # attempt runs on this thread (its interrupt could land between taking the
+            # call out of the pool and sending it); else the poller offers
             timed = self.watch.timed_on(threading.get_ident(), _tls.ctx[1])
             if timed or not steal.feed():
                 self.wake.set()
+        board = steal.board
+        if board is not None and (fut.depth not in steal.laid_depths or board.changed()):
+            # on the board if its depth has no call there (not under a timed attempt)
+            if not self.watch.timed_on(threading.get_ident(), _tls.ctx[1]):
+                with self.lock:
+                    if fut.state == PENDING:
+                        steal.lay(fut)
         return fut
 
     def check_call(self: Any, fn: Any, fut: SpawnFuture) -> None:
@@ -367,6 +378,10 @@ class SpawnRunner:
         steal = self.steal
         if steal is not None and steal.hungry:
             steal.feed()  # (an idle rank gets it now, if the network token is free)
+        if steal is not None and steal.board is not None:
+            with self.lock:
+                if fut.state == PENDING:
+                    steal.lay(fut)
         self.wake.set()  # (the progress thread may be idle, and this rank a victim)
         return fut
 
@@ -432,6 +447,8 @@ class SpawnRunner:
                     self.spawn_cv.wait(0.1)
                     continue
                 item = take_deeper(pool, depth)
+                if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
+                    continue  # (a thief took it from the board: its result comes back)
                 if item is None:
                     self.spawn_waiting += 1
                     self.wait_depths.append(depth)  # (what a thief here may take)
@@ -560,6 +577,8 @@ class SpawnRunner:
         """An idle worker runs the oldest spawned call (nearest the root: the most
         work). Lock held on entry and exit; False if the worker should stop."""
         item = self.spool.popleft()
+        if item.slot >= 0 and not self.steal.unpublish(item):
+            return True  # (a thief took it from the board: its result comes back)
         item.state = RUNNING
         self.lock.release()
         try:

@@ -331,7 +331,8 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.transfers.barrier()  # line the ranks' clocks up
         if self.steal is not None:
             bell = getattr(self.wake, "address", None)
-            self.steal.connect(self.net.allgather((self.net.host, bell, bool(self.plan.tasks))))
+            me = (self.net.host, self.steal.board_path, bell, bool(self.plan.tasks))
+            self.steal.connect(self.net.allgather(me))
         self.trace.start()
         threads = [
             threading.Thread(
@@ -353,6 +354,8 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 self.drop_spawned()
             self._join_workers(threads)
             self.launcher.close()
+            if self.steal is not None:
+                self.steal.close()
             if isinstance(self.wake, doorbell.Doorbell):
                 self.wake.close()
         self.trace.wall = self.trace.now()

@@ -1,0 +1,138 @@
+"""A rank's board (taskgraph.run.board): the slot a thief takes, the states a call
+goes through, and the file lock that keeps a call from running twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from taskgraph.run import board as boardlib
+from taskgraph.run.board import EMPTY, PUBLISHED, TAKEN, Board, PeerBoard, choose, dead_files
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(boardlib.DIR), reason="no /dev/shm here")
+
+
+def test_a_thief_takes_the_shallowest_published_call_deeper_than_it_needs():
+    """slot:   0          1       2          3
+    state:  PUBLISHED  TAKEN   PUBLISHED  PUBLISHED
+    depth:  5          2       3          1
+    need > 2: slot 2 (depth 3), not the taken one, not depth 1."""
+    states, depths = [PUBLISHED, TAKEN, PUBLISHED, PUBLISHED], [5, 2, 3, 1]
+    assert choose(states, depths, 2) == 2
+    assert choose(states, depths, 0) == 3
+    assert choose(states, depths, 4) == 0
+    assert choose(states, depths, 5) is None
+    assert choose([EMPTY, TAKEN], [9, 9], -1) is None
+
+
+def test_only_the_boards_of_dead_processes_are_swept():
+    paths = [
+        "/dev/shm/taskgraph-board-11-0",
+        "/dev/shm/taskgraph-board-12-3.new",
+        "/dev/shm/taskgraph-board-13-1",
+        "/dev/shm/mpich_shm_11",
+        "/dev/shm/taskgraph-board-x-1",
+    ]
+    assert dead_files(paths, lambda pid: pid == 13) == paths[:2]
+
+
+@pytest.fixture
+def boards():
+    own = Board(boardlib.name())
+    peer = PeerBoard(own.path, 0)
+    yield own, peer
+    peer.close()
+    own.close()
+
+
+def test_a_claimed_call_is_gone_for_its_owner_and_a_retracted_one_for_the_thief(boards):
+    own, peer = boards
+    assert own.publish(0, key=1, depth=3, payload=b"one")
+    assert own.publish(1, key=2, depth=1, payload=b"two")
+    assert peer.claim(need=2, thief=1) == b"one"  # (depth 1 is too shallow for it)
+    assert own.changed()
+    assert not own.retract(0)  # the thief has it: the owner must not run it
+    assert own.collect() == []  # (the retract emptied its slot already)
+    assert not own.changed()
+    assert own.retract(1)  # the owner runs this one itself
+    assert peer.claim(need=-1, thief=1) is None  # ... so no thief can take it
+
+
+def test_a_taken_call_is_collected_once_and_its_slot_is_free_again(boards):
+    own, peer = boards
+    assert own.publish(4, key=7, depth=2, payload=b"x" * 1000)
+    assert peer.claim(need=0, thief=2) == b"x" * 1000
+    assert own.collect() == [(4, 2)]  # (slot 4, taken by rank 2)
+    assert own.collect() == []
+    assert own.publish(4, key=8, depth=2, payload=b"again")
+    assert peer.claim(need=0, thief=2) == b"again"
+
+
+def test_a_call_too_large_for_a_slot_is_not_laid(boards):
+    own, peer = boards
+    assert not own.publish(0, key=1, depth=1, payload=b"x" * (boardlib.PAYLOAD + 1))
+    assert peer.claim(need=-1, thief=1) is None
+
+
+def test_a_board_is_removed_when_its_run_ends():
+    own = Board(boardlib.name())
+    assert os.path.exists(own.path)
+    own.close()
+    assert not os.path.exists(own.path)
+    assert PeerBoard(own.path, 0).claim(need=-1, thief=1) is None  # (gone: nothing to take)
+
+
+THIEF = """
+import sys
+from taskgraph.run.board import PeerBoard
+peer, got = PeerBoard(sys.argv[1], 0), []
+while not got or got[-1] != b"stop":
+    payload = peer.claim(need=-1, thief=1)
+    if payload is not None:
+        got.append(payload)
+print(" ".join(p.decode() for p in got[:-1]))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_call_raced_for_by_its_owner_and_a_thief_runs_exactly_once(tmp_path):
+    """The owner lays calls and takes each back, at once or after a moment, while a
+    thief in another process claims as fast as it can: every call laid is the owner's
+    or the thief's, never both, never neither."""
+    own = Board(boardlib.name())
+    script = tmp_path / "thief.py"
+    script.write_text(textwrap.dedent(THIEF))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), own.path], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        laid, kept = set(), set()
+        for key in range(2000):
+            if own.changed():
+                own.collect()
+            if not own.publish(0, key, 1, str(key).encode()):
+                continue  # (a call taken and not collected yet: its slot is not free)
+            laid.add(key)
+            if key % 2:  # (the thief has a moment to take it)
+                deadline = time.perf_counter() + 0.005
+                while not own.changed() and time.perf_counter() < deadline:
+                    pass
+            if own.retract(0):
+                kept.add(key)
+        while True:
+            own.collect()
+            if own.publish(0, -1, 1, b"stop"):
+                break
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        own.close()
+    taken = {int(k) for k in out.split()}
+    assert taken and kept  # (both sides won some races)
+    assert not kept & taken
+    assert kept | taken == laid
