@@ -207,9 +207,10 @@ class Stealer:
     Guarded by the network token: ``outstanding`` (the victim of this rank's request,
     or None), ``sends`` (steal messages in flight), ``stolen`` (key -> the future of
     a call another rank runs), ``term``, ``backoff``. Guarded by the executor's lock:
-    ``outbox`` (messages a worker queued: (rank, tag, bytes)), the board's bookkeeping
-    (``laid``: the call in each slot, still in the pool, each with its ``slot``;
-    ``laid_depths``: depth -> slot; ``laid_keys``). ``stolen`` gains a board's call when
+    ``_key`` (the last key given to a call that leaves), ``outbox`` (messages a worker
+    queued: (rank, tag, bytes)), the board's bookkeeping (``laid``: the call in each
+    slot, still in the pool, each with its ``slot``; ``laid_depths``: depth -> slot;
+    ``laid_keys``). ``stolen`` gains a board's call when
     it is laid there (under the lock): its result may come before its owner sees it
     taken. ``hungry`` loses a rank that took a call from the board (under the lock)."""
 
@@ -334,9 +335,10 @@ class Stealer:
             if item is None:
                 return b""
             item.state = RUNNING  # (elsewhere)
-        self._key += 1
+            self._key += 1  # (under the lock: a worker laying a call on the board takes one)
+            key = self._key
         try:
-            call = (self._key, item.fn, item.args, item.kwargs, item.depth)
+            call = (key, item.fn, item.args, item.kwargs, item.depth)
             payload = pack((*call, time.perf_counter()))  # (when sent: a push's latency)
         except Exception:  # noqa: BLE001 - an unpicklable call stays here
             with ex.lock:
@@ -344,7 +346,7 @@ class Stealer:
                 item.state = PENDING
                 ex.spool.appendleft(item)
             return b""
-        self.stolen[self._key] = item
+        self.stolen[key] = item
         return payload
 
     def _pop_oldest(self, depth: int) -> Any:
