@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import glob
 import random
 import re
 import textwrap
@@ -213,8 +214,10 @@ say("one", f.result(), run.stats.pushes, run.trace.dynamic()["pushes"] if c.rank
 def test_spawned_calls_are_stolen_by_idle_ranks_and_results_are_exact(ranks, mpirun, tmp_path):
     script = tmp_path / "steal.py"
     script.write_text(textwrap.dedent(JOB.format(tests=str(Path(__file__).parent))))
+    boards = set(glob.glob("/dev/shm/taskgraph-board-*"))
     proc = mpirun(ranks, [str(script)], timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(glob.glob("/dev/shm/taskgraph-board-*")) <= boards  # (each run removed its own)
     out = proc.stdout
     claims = 0
     for workers in (1, 2):
@@ -257,13 +260,14 @@ print(f"rank {{c.rank}}: cpu {{share:.3f}}", flush=True)
 @pytest.mark.mpi
 def test_an_idle_rank_sleeps_between_steal_attempts(mpirun, tmp_path):
     """Both ranks, the idle one asking and the one asked, use a small share of a core
-    (about 2 % here, 13 % when answers reset the back-off; bounded loosely)."""
+    (3-7.5 % on the 2-core AMD VM, the run's start and end included; 13 % when answers
+    reset the back-off; a rank that polled without sleeping would use ~100 %)."""
     script = tmp_path / "idle.py"
     script.write_text(textwrap.dedent(IDLE_JOB.format(tests=str(Path(__file__).parent))))
     proc = mpirun(2, [str(script)], timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shares = [float(s) for s in re.findall(r"rank \d: cpu ([\d.]+)", proc.stdout)]
-    assert len(shares) == 2 and max(shares) < 0.08, proc.stdout
+    assert len(shares) == 2 and max(shares) < 0.12, proc.stdout
 
 
 CANCEL_JOB = """

@@ -603,6 +603,7 @@ class Stealer:
         now = time.perf_counter()
         self.asking = depth is not None and not term.finished
         if self.asking and self.outstanding is None and self.backoff.due(now):
+            assert depth is not None  # (asking)
             victim, self.offered = self.offered, None
             if victim is None:
                 victim = choose_victim(self.net.rank, self.net.size, self.rng)
