@@ -32,11 +32,11 @@ def test_a_thief_takes_the_shallowest_published_call_deeper_than_it_needs():
 
 def test_only_the_boards_of_dead_processes_are_swept():
     paths = [
-        "/dev/shm/taskgraph-board-11-0",
-        "/dev/shm/taskgraph-board-12-3.new",
-        "/dev/shm/taskgraph-board-13-1",
+        "/dev/shm/taskgraph-board-11-0-3fa2c9",
+        "/dev/shm/taskgraph-board-12-3-0b1d77.new",
+        "/dev/shm/taskgraph-board-13-1-9e0f11",
         "/dev/shm/mpich_shm_11",
-        "/dev/shm/taskgraph-board-x-1",
+        "/dev/shm/taskgraph-board-x-1-3fa2c9",
     ]
     assert dead_files(paths, lambda pid: pid == 13) == paths[:2]
 

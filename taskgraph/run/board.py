@@ -23,7 +23,7 @@ executor's lock), and the kernel lets it go if its holder dies. A thief that fin
 nothing deep enough asks by message (taskgraph.run.steal), as a thief on another host
 always does.
 
-A board's file is named by its process (``taskgraph-board-<pid>-<n>``), made when its
+A board's file is named by its process (``taskgraph-board-<pid>-<n>-<random>``), made when its
 run starts, and removed when the run ends; a process that died without removing its
 own is swept by the next one that makes a board (:func:`sweep`).
 """
@@ -36,6 +36,7 @@ import itertools
 import mmap
 import os
 import re
+import uuid
 
 EMPTY, PUBLISHED, TAKEN = 0, 1, 2  # a slot's states
 STATE, KEY, DEPTH, NBYTES, THIEF = range(5)  # a slot's header fields (int64 each)
@@ -55,7 +56,8 @@ def name() -> str | None:
     shared-memory directory."""
     if not os.path.isdir(DIR):
         return None
-    return os.path.join(DIR, f"{PREFIX}{os.getpid()}-{next(_count)}")
+    # (a random part too: two hosts that give the same name must not meet in one file)
+    return os.path.join(DIR, f"{PREFIX}{os.getpid()}-{next(_count)}-{uuid.uuid4().hex[:12]}")
 
 
 def choose(states: list[int], depths: list[int], need: int) -> int | None:
@@ -78,7 +80,7 @@ def dead_files(paths: list[str], alive) -> list[str]:
     False): a pure choice."""
     out = []
     for path in paths:
-        m = re.fullmatch(re.escape(PREFIX) + r"(\d+)-\d+(\.new)?", os.path.basename(path))
+        m = re.fullmatch(re.escape(PREFIX) + r"(\d+)-\d+-[0-9a-f]+(\.new)?", os.path.basename(path))
         if m and not alive(int(m.group(1))):
             out.append(path)
     return out
