@@ -30,13 +30,17 @@ own is swept by the next one that makes a board (:func:`sweep`).
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import itertools
 import mmap
 import os
 import re
 import uuid
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows: no boards there, thieves ask)
+    fcntl = None  # type: ignore[assignment]
 
 EMPTY, PUBLISHED, TAKEN = 0, 1, 2  # a slot's states
 STATE, KEY, DEPTH, NBYTES, THIEF = range(5)  # a slot's header fields (int64 each)
@@ -53,8 +57,8 @@ _swept = False
 
 def name() -> str | None:
     """The path of a new board of this process, or None where the host has no
-    shared-memory directory."""
-    if not os.path.isdir(DIR):
+    shared-memory directory (or no ``flock``)."""
+    if fcntl is None or not os.path.isdir(DIR):
         return None
     # (a random part too: two hosts that give the same name must not meet in one file)
     return os.path.join(DIR, f"{PREFIX}{os.getpid()}-{next(_count)}-{uuid.uuid4().hex[:12]}")
