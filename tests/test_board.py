@@ -136,3 +136,20 @@ def test_a_call_raced_for_by_its_owner_and_a_thief_runs_exactly_once(tmp_path):
     assert taken and kept  # (both sides won some races)
     assert not kept & taken
     assert kept | taken == laid
+
+
+def test_a_board_left_by_a_killed_process_is_swept_by_the_next_one(monkeypatch):
+    code = (
+        "import os\nfrom taskgraph.run import board\n"
+        "b = board.Board(board.name())\nprint(b.path, flush=True)\nos._exit(0)\n"
+    )
+    left = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    assert os.path.exists(left)  # (it died without removing its board)
+    monkeypatch.setattr(boardlib, "_swept", False)
+    own = Board(boardlib.name())
+    try:
+        assert not os.path.exists(left)
+    finally:
+        own.close()
