@@ -522,6 +522,9 @@ class Stealer:
         try:
             if self.term.finished:  # (no call exists past FINISH: a hint gone stale)
                 return True
+            if self.board is not None and self.board.changed():  # (a rank that took a
+                with self.ex.lock:  # call from the board since is fed: not hungry now)
+                    self.collect()
             for r, depth in list(self.hungry.items()):
                 payload = self._give(depth)
                 if not payload:
@@ -595,11 +598,11 @@ class Stealer:
             self._send_term(term.on_static_done())
         if term.finished and self.outstanding is None:
             self._send_term(term.on_drained())
+        if self.board is not None and self.board.changed():  # (before offering: a rank
+            with ex.lock:  # that took a call from the board is fed)
+                self.collect()
         if self.hungry and ex.spool:  # (a hint, without the lock)
             self._offer()
-        if self.board is not None and self.board.changed():
-            with ex.lock:
-                self.collect()
         now = time.perf_counter()
         self.asking = depth is not None and not term.finished
         if self.asking and self.outstanding is None and self.backoff.due(now):
