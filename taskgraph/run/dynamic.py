@@ -330,13 +330,13 @@ class SpawnRunner:
             timed = self.watch.timed_on(threading.get_ident(), _tls.ctx[1])
             if timed or not steal.feed():
                 self.wake.set()
-        board = steal.board
-        if board is not None and (fut.depth not in steal.laid_depths or board.changed()):
-            # on the board if its depth has no call there (not under a timed attempt)
+        if steal.board is not None and len(self.spool) > 1:  # (a hint, without the lock)
+            # the call spawned before this one goes on the board, not this one: a worker
+            # runs its newest call next (not under a timed attempt, as above)
             if not self.watch.timed_on(threading.get_ident(), _tls.ctx[1]):
                 with self.lock:
-                    if fut.state == PENDING:
-                        steal.lay(fut)
+                    if len(self.spool) > 1:
+                        steal.lay(self.spool[-2])
         return fut
 
     def check_call(self: Any, fn: Any, fut: SpawnFuture) -> None:
@@ -380,8 +380,8 @@ class SpawnRunner:
             steal.feed()  # (an idle rank gets it now, if the network token is free)
         if steal is not None and steal.board is not None:
             with self.lock:
-                if fut.state == PENDING:
-                    steal.lay(fut)
+                if len(self.spool) > 1:
+                    steal.lay(self.spool[-2])
         self.wake.set()  # (the progress thread may be idle, and this rank a victim)
         return fut
 

@@ -365,13 +365,17 @@ class Stealer:
 
     def lay(self, item: Any) -> None:
         """Lay ``item`` (in the pool, PENDING) on the board if it holds no call of its
-        depth and has a free slot. Lock held, on a thread where no interrupt lands (see
-        :meth:`feed`)."""
+        depth and has a free slot, and it is not the newest call of the pool: the one
+        this rank's worker runs next, which a thief would take just before it is wanted
+        (taking it cost fib on 2 ranks 4-5 %). Lock held, on a thread where no interrupt
+        lands (see :meth:`feed`)."""
         board = self.board
         assert board is not None
         if board.changed():
-            self.collect()
-        if item.slot != -1 or item.pinned or item.depth in self.laid_depths:
+            self.collect()  # (``item`` may be among the calls taken: RUNNING then)
+        if item.state != PENDING or item.slot != -1 or item.pinned:
+            return
+        if item.depth in self.laid_depths or item is self.ex.spool[-1]:
             return
         try:
             slot = self.laid.index(None)
