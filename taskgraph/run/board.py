@@ -16,8 +16,9 @@ owner is doing::
 
 A thief whose workers wait in calls of depth d runs only calls deeper than d (see
 taskgraph.run.dynamic), so the owner keeps one call per depth on its board, the oldest
-it knows of at that depth (:func:`choose`), up to ``SLOTS`` depths. Every change of
-state is made under ``flock`` on the file: each process opens it once, so the lock
+it knows of at that depth, up to ``SLOTS`` depths; never its newest call, which its own
+worker runs next (taskgraph.run.steal). A thief takes the shallowest (:func:`choose`).
+Every change of state is made under ``flock`` on the file: each process opens it once, so the lock
 excludes the other process (the owner's threads exclude each other under the
 executor's lock), and the kernel lets it go if its holder dies. A thief that finds
 nothing deep enough asks by message (taskgraph.run.steal), as a thief on another host
