@@ -153,3 +153,53 @@ def test_a_board_left_by_a_killed_process_is_swept_by_the_next_one(monkeypatch):
         assert not os.path.exists(left)
     finally:
         own.close()
+
+
+def _leaf(n: int) -> int:
+    return n
+
+
+class _Net:
+    rank, size, host, tag_ub = 0, 2, "here", 1 << 20
+
+
+class _Ex:
+    """What a Stealer uses of its executor, for laying and collecting."""
+
+    def __init__(self):
+        import threading
+        from collections import deque
+        from types import SimpleNamespace
+
+        self.lock = threading.Condition()
+        self.spool = deque()
+        self.stats = SimpleNamespace(steal_latency_median_us=0.0, claims=0)
+
+
+def test_a_call_a_thief_took_is_never_laid_again_and_the_newest_never_at_all():
+    """Pool (oldest first): a(d1) b(d2) c(d3). b is laid; a thief takes it. Laying b
+    again (its owner collects the board on the way) must not put it back: it would
+    run twice. c, the newest, is the owner's next call: never laid."""
+    from taskgraph.run.dynamic import PENDING, RUNNING, SpawnFuture
+    from taskgraph.run.steal import Stealer
+
+    ex = _Ex()
+    st = Stealer(ex, _Net())
+    st.board = Board(boardlib.name())
+    peer = PeerBoard(st.board.path, 0)
+    try:
+        a, b, c = (SpawnFuture(ex, _leaf, (i,), {}, i) for i in (1, 2, 3))
+        ex.spool.extend([a, b, c])
+        with ex.lock:
+            st.lay(c)
+            st.lay(b)
+        assert c.slot == -1 and b.slot >= 0
+        assert peer.claim(need=1, thief=1) is not None  # b, taken
+        with ex.lock:
+            st.lay(b)
+        assert b.state == RUNNING and b.slot == -1 and list(ex.spool) == [a, c]
+        assert peer.claim(need=1, thief=1) is None  # b is not on the board again
+        assert a.state == PENDING
+    finally:
+        peer.close()
+        st.board.close()
