@@ -68,21 +68,23 @@ def evict_bytes() -> int:
     return max(EVICT_BYTES, 2 * largest)
 
 
+def eviction_buffer() -> np.ndarray:
+    """A scratch array of :func:`evict_bytes` bytes: writing it pushes data out of
+    every cache (made once by a caller that times many calls)."""
+    return np.empty(evict_bytes() // 8)
+
+
 def best_seconds(
-    fn, operands: list[np.ndarray], repeats: int = REPEATS, cold: bool | np.ndarray = False
+    fn, operands: list[np.ndarray], repeats: int = REPEATS, cold: np.ndarray | None = None
 ) -> float:
     """The fastest of ``repeats`` calls of ``fn`` on fresh F-ordered copies of ``operands``
-    (in cache, as a tile just written is; ``cold``: out of every cache, as the tiles of
-    a large matrix are; True, or the scratch array of :func:`evict_bytes` bytes to write,
-    made once by a caller that times many calls)."""
+    (in cache, as a tile just written is; with ``cold``, an :func:`eviction_buffer`
+    written before each call: out of every cache, as the tiles of a large matrix are)."""
     best = float("inf")
-    scratch = cold if isinstance(cold, np.ndarray) else None
-    if cold is True:
-        scratch = np.empty(evict_bytes() // 8)
     for _ in range(repeats):
         fresh = [np.array(a, order="F") for a in operands]
-        if scratch is not None:
-            scratch.fill(1.0)  # (written after the copies: they leave the caches)
+        if cold is not None:
+            cold.fill(1.0)  # (written after the copies: they leave the caches)
         t0 = time.perf_counter()
         fn(*fresh)
         best = min(best, time.perf_counter() - t0)
@@ -100,7 +102,7 @@ def measure(dtype=np.float64, tiles=CANDIDATES, repeats: int = REPEATS) -> dict:
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(0)
     speeds: dict[int, dict[str, float]] = {}
-    cold = np.empty(evict_bytes() // 8)  # (written between the timed calls: one for all)
+    cold = eviction_buffer()  # (written between the timed calls: one for all)
     with threadpool_limits(limits=1, user_api="blas"):
         peak = gemm_peak(1, dtype, n=1024, repeats=repeats)
         for b in tiles:

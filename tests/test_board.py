@@ -44,7 +44,7 @@ def test_only_the_boards_of_dead_processes_are_swept():
 @pytest.fixture
 def boards():
     own = Board(boardlib.name())
-    peer = PeerBoard(own.path, 0)
+    peer = PeerBoard(own.path)
     yield own, peer
     peer.close()
     own.close()
@@ -84,13 +84,13 @@ def test_a_board_is_removed_when_its_run_ends():
     assert os.path.exists(own.path)
     own.close()
     assert not os.path.exists(own.path)
-    assert PeerBoard(own.path, 0).claim(need=-1, thief=1) is None  # (gone: nothing to take)
+    assert PeerBoard(own.path).claim(need=-1, thief=1) is None  # (gone: nothing to take)
 
 
 THIEF = """
 import sys
 from taskgraph.run.board import PeerBoard
-peer, got = PeerBoard(sys.argv[1], 0), []
+peer, got = PeerBoard(sys.argv[1]), []
 while not got or got[-1] != b"stop":
     payload = peer.claim(need=-1, thief=1)
     if payload is not None:
@@ -186,7 +186,7 @@ def test_a_call_a_thief_took_is_never_laid_again_and_the_newest_never_at_all():
     ex = _Ex()
     st = Stealer(ex, _Net())
     st.board = Board(boardlib.name())
-    peer = PeerBoard(st.board.path, 0)
+    peer = PeerBoard(st.board.path)
     try:
         a, b, c = (SpawnFuture(ex, _leaf, (i,), {}, i) for i in (1, 2, 3))
         ex.spool.extend([a, b, c])

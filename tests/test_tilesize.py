@@ -174,5 +174,5 @@ def test_a_cold_timing_reads_its_operands_from_memory():
     assert calibrate.evict_bytes() >= calibrate.EVICT_BYTES
     a = np.ones((512, 1024))
     hot = calibrate.best_seconds(np.sum, [a], 7)
-    cold = calibrate.best_seconds(np.sum, [a], 7, cold=True)
+    cold = calibrate.best_seconds(np.sum, [a], 7, cold=calibrate.eviction_buffer())
     assert cold > 1.15 * hot, (cold, hot)

@@ -227,8 +227,8 @@ class PeerBoard:
     """Another rank's board on this host (the thief's side), mapped at the first
     :meth:`claim`. Callers hold the network token."""
 
-    def __init__(self, path: str, rank: int):
-        self.path, self.rank = path, rank
+    def __init__(self, path: str):
+        self.path = path
         self._m: _Mapped | None = None
 
     def claim(self, need: int, thief: int) -> bytes | None:

@@ -324,19 +324,20 @@ class SpawnRunner:
         steal = self.steal
         if steal is None:
             return fut
-        if steal.hungry:  # a rank waits for work: feed it from here, unless a timed
-            # attempt runs on this thread (its interrupt could land between taking the
-            # call out of the pool and sending it); else the poller offers
-            timed = self.watch.timed_on(threading.get_ident(), _tls.ctx[1])
-            if timed or not steal.feed():
-                self.wake.set()
-        if steal.board is not None and len(self.spool) > 1:  # (a hint, without the lock)
+        laying = steal.board is not None and len(self.spool) > 1  # (a hint, without the lock)
+        if not (steal.hungry or laying):
+            return fut
+        # not from under a timed attempt: its interrupt could land between taking a call
+        # out of the pool and sending it (or laying it); the poller does it then
+        timed = self.watch.timed_on(threading.get_ident(), _tls.ctx[1])
+        if steal.hungry and (timed or not steal.feed()):  # a rank waits: feed it from here
+            self.wake.set()  # (else the poller offers)
+        if laying and not timed:
             # the call spawned before this one goes on the board, not this one: a worker
-            # runs its newest call next (not under a timed attempt, as above)
-            if not self.watch.timed_on(threading.get_ident(), _tls.ctx[1]):
-                with self.lock:
-                    if len(self.spool) > 1:
-                        steal.lay(self.spool[-2])
+            # runs its newest call next
+            with self.lock:
+                if len(self.spool) > 1:
+                    steal.lay(self.spool[-2])
         return fut
 
     def check_call(self: Any, fn: Any, fut: SpawnFuture) -> None:

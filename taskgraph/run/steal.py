@@ -259,7 +259,7 @@ class Stealer:
         self.hungry = hungry_at_start(me, [p[3] for p in peers])
         self.all_rung = all(b is not None for r, b in enumerate(self.bells) if r != me)
         self.peer_boards = {
-            r: boardlib.PeerBoard(p[1], r)
+            r: boardlib.PeerBoard(p[1])
             for r, p in enumerate(peers)
             if r != me and self.local[r] and p[1] is not None
         }
@@ -338,8 +338,7 @@ class Stealer:
             self._key += 1  # (under the lock: a worker laying a call on the board takes one)
             key = self._key
         try:
-            call = (key, item.fn, item.args, item.kwargs, item.depth)
-            payload = pack((*call, time.perf_counter()))  # (when sent: a push's latency)
+            payload = self._wire(key, item, time.perf_counter())  # (when: a push's latency)
         except Exception:  # noqa: BLE001 - an unpicklable call stays here
             with ex.lock:
                 item.pinned = True
@@ -348,6 +347,12 @@ class Stealer:
             return b""
         self.stolen[key] = item
         return payload
+
+    @staticmethod
+    def _wire(key: int, item: Any, sent: float) -> bytes:
+        """The call ``item`` as it leaves this rank (see :meth:`_take`): under ``key``,
+        sent at ``sent``."""
+        return pack((key, item.fn, item.args, item.kwargs, item.depth, sent))
 
     def _pop_oldest(self, depth: int) -> Any:
         """The oldest stealable call in the pool deeper than ``depth``, taken out (None:
@@ -384,7 +389,7 @@ class Stealer:
         self._key += 1
         key = self._key
         try:
-            payload = pack((key, item.fn, item.args, item.kwargs, item.depth, 0.0))
+            payload = self._wire(key, item, 0.0)
         except Exception:  # noqa: BLE001 - an unpicklable call stays here
             item.pinned = True
             return
@@ -445,6 +450,12 @@ class Stealer:
             except ValueError:  # (the run stops: the pool was dropped)
                 pass
             self._refill(item.depth)
+
+    def _collect_changed(self) -> None:
+        """:meth:`collect`, if a thief took a call since the last. Lock not held."""
+        if self.board is not None and self.board.changed():
+            with self.ex.lock:
+                self.collect()
 
     # -- a thief's side ----------------------------------------------------------------
 
@@ -526,9 +537,7 @@ class Stealer:
         try:
             if self.term.finished:  # (no call exists past FINISH: a hint gone stale)
                 return True
-            if self.board is not None and self.board.changed():  # (a rank that took a
-                with self.ex.lock:  # call from the board since is fed: not hungry now)
-                    self.collect()
+            self._collect_changed()  # (a rank that took from the board since is fed)
             for r, depth in list(self.hungry.items()):
                 payload = self._give(depth)
                 if not payload:
@@ -602,9 +611,7 @@ class Stealer:
             self._send_term(term.on_static_done())
         if term.finished and self.outstanding is None:
             self._send_term(term.on_drained())
-        if self.board is not None and self.board.changed():  # (before offering: a rank
-            with ex.lock:  # that took a call from the board is fed)
-                self.collect()
+        self._collect_changed()  # (before offering: a rank that took from the board is fed)
         if self.hungry and ex.spool:  # (a hint, without the lock)
             self._offer()
         now = time.perf_counter()
