@@ -301,8 +301,9 @@ class SpawnRunner:
     """The executor's spawned-task methods (a mixin of
     :class:`~taskgraph.run.executor.Executor`). Its fields, guarded by ``lock``:
     ``spool`` (the deque of PENDING spawned calls), ``spawn_waiting`` (threads in
-    ``spawn_cv.wait``), ``wait_depths`` (the depths they wait in), ``accepting``
-    (submitted calls are taken), ``submitted_left`` (those not ended); ``spawn_cv``
+    ``spawn_cv.wait``), ``wait_depths`` (the depths they wait in), ``spawned_running``
+    (workers running a spawned call taken when idle), ``accepting`` (submitted calls are
+    taken), ``submitted_left`` (those not ended); ``spawn_cv``
     shares ``lock``'s lock; ``_frames``: each worker's frame stack (its own thread
     only)."""
 
@@ -437,6 +438,7 @@ class SpawnRunner:
     def _wait_here(self: Any, fut: SpawnFuture, frames: list | None, depth: int) -> None:
         """The loop of :meth:`wait_for`."""
         lock, pool = self.lock, self.spool
+        rung = False  # (the progress thread was told this worker went idle)
         with lock:
             while fut.state < DONE:
                 if self.stopping:
@@ -453,6 +455,13 @@ class SpawnRunner:
                 if item is None:
                     self.spawn_waiting += 1
                     self.wait_depths.append(depth)  # (what a thief here may take)
+                    if not rung and self.steal is not None:
+                        # the rank may be idle now: its progress thread asks at once,
+                        # not after the long sleep of a rank whose workers compute
+                        # (rank 0 of a 2-rank UTS sat idle 4 ms at the start so)
+                        rung = self.spawn_waiting + self.waiting >= self.nworkers
+                        if rung:
+                            self.wake.set()
                     try:  # (a timeout's interrupt may land in the wait)
                         self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
                     finally:
@@ -460,6 +469,7 @@ class SpawnRunner:
                         self.spawn_waiting -= 1
                     continue
                 item.state = RUNNING
+                rung = False
                 self._run_deeper(item, frames)
 
     def _run_deeper(self: Any, item: SpawnFuture, frames: list) -> None:
@@ -581,15 +591,18 @@ class SpawnRunner:
         if item.slot >= 0 and not self.steal.unpublish(item):
             return True  # (a thief took it from the board: its result comes back)
         item.state = RUNNING
+        self.spawned_running += 1
         self.lock.release()
         try:
             self.run_spawned(item, self._frames[index])
         except BaseException as exc:  # noqa: BLE001 - an interrupt: the worker stops
             self.lock.acquire()
+            self.spawned_running -= 1
             if index not in self._abandoned:
                 self._fail(None, exc)
             return False
         self.lock.acquire()
+        self.spawned_running -= 1
         return True
 
     def drop_spawned(self: Any) -> None:

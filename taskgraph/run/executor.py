@@ -181,6 +181,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.spawn_cv = threading.Condition(base)
         self.spool: deque = deque()  # spawned calls not started yet (oldest first)
         self.spawn_waiting = 0
+        self.spawned_running = 0
         self.wait_depths: list[int] = []
         self.accepting = open
         self.submitted_left = 0
@@ -416,7 +417,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 else:
                     # back off: poll often while a worker is idle; while every worker
                     # computes, latency is hidden, so leave their cores alone
-                    busy_workers = self._running >= self.nworkers
+                    busy_workers = self._running + self.spawned_running >= self.nworkers
                     cap = 10 * tuning.busy_poll if busy_workers else tuning.poll_max
                     if busy_workers and not self._poll_computing:
                         sleep = tuning.watch  # (the workers poll between their tasks)
@@ -433,7 +434,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # while every worker computes, from busy_poll: the doubling from
                     # 20 µs after each handover took 16 % of a rank's one core
                     # (2 ranks x 1 worker, docs/performance.md#cholesky-on-intel)
-                    busy_workers = self._running >= self.nworkers
+                    busy_workers = self._running + self.spawned_running >= self.nworkers
                     sleep = tuning.busy_poll if busy_workers else 0.0
                     if busy_workers and not self._poll_computing:
                         sleep = tuning.watch
