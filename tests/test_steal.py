@@ -369,4 +369,4 @@ def test_a_rank_whose_calls_all_left_asks_for_work_at_once(mpirun, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = re.search(r"rank 0: gap ([\d.]+|inf)", proc.stdout)
     assert found, proc.stdout + proc.stderr[-2000:]
-    assert float(found.group(1)) < 3.0, proc.stdout
+    assert float(found.group(1)) < 4.0, proc.stdout  # (~10 with the sleep: a 6x margin)
