@@ -19,6 +19,7 @@ from taskgraph.run.steal import (
     DRAINED,
     FINISH,
     Backoff,
+    Stealer,
     Termination,
     choose_victim,
     hungry_at_start,
@@ -47,6 +48,32 @@ def test_the_backoff_doubles_to_its_cap_and_a_success_resets_it():
     assert not b.due(10.0) and b.due(10.0 + 1e-3)
     b.succeeded()
     assert b.due(10.0) and b.wait == 0.0
+
+
+def test_a_rank_whose_need_widens_asks_again_without_waiting_out_its_backoff():
+    """It failed to find a call deeper than 4 (its workers waited at depth 4); once a
+    worker takes any call (depth -1) it may ask at once; a need as narrow, or narrower,
+    waits out the back-off."""
+    b = Backoff(first=1e-2, cap=2e-2)
+    b.failed(10.0, depth=4)
+    assert not b.due(10.001, 4) and not b.due(10.001, 6)
+    assert b.due(10.001, 3) and b.due(10.001, -1)
+    assert b.due(10.011, 4)
+    b.succeeded()
+    b.failed(20.0)  # (asked for any call: nothing is wider)
+    assert not b.due(20.001, -1)
+
+
+def test_a_victim_feeds_a_hungry_rank_only_calls_deeper_than_it_asked_for():
+    """A rank told "none" at depth 4 takes only deeper calls: a spawn at depth 3 or 4 is
+    no reason to look for one to push (each look scans the pool under the lock)."""
+    st = Stealer.__new__(Stealer)  # (only its hungry table: no run)
+    st.hungry = {}
+    assert not st.wants(0) and not st.wants(50)
+    st.hungry = {1: 4}
+    assert not st.wants(3) and not st.wants(4) and st.wants(5)
+    st.hungry = {1: 4, 2: -1}  # (rank 2 has no static task: it takes any call)
+    assert st.wants(0)
 
 
 def test_stealing_tags_sit_above_every_planned_tag():

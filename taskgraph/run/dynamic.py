@@ -326,12 +326,13 @@ class SpawnRunner:
         if steal is None:
             return fut
         laying = steal.board is not None and len(self.spool) > 1  # (a hint, without the lock)
-        if not (steal.hungry or laying):
+        feeding = bool(steal.hungry) and steal.wants(fut.depth)
+        if not (feeding or laying):
             return fut
         # not from under a timed attempt: its interrupt could land between taking a call
         # out of the pool and sending it (or laying it); the poller does it then
         timed = self.watch.timed_on(threading.get_ident(), _tls.ctx[1])
-        if steal.hungry and (timed or not steal.feed()):  # a rank waits: feed it from here
+        if feeding and (timed or not steal.feed()):  # a rank waits: feed it from here
             self.wake.set()  # (else the poller offers)
         if laying and not timed:
             # the call spawned before this one goes on the board, not this one: a worker

@@ -64,6 +64,7 @@ from .dynamic import PENDING, RUNNING, SpawnFuture
 REQUEST, REPLY, RESULT, TERM, PUSH = range(5)  # tag offsets from the stealing tags' base
 NTAGS = 5
 DONE, FINISH, DRAINED, CLOSE = b"D", b"F", b"R", b"C"  # termination messages (TERM)
+NO_DEPTH = 1 << 30  # deeper than any call: wanted by no rank
 OFFER = b"O"  # (on TERM's tag too) work is here now: ask again at once
 REPLY_SLEEP = 1e-4  # seconds: the longest sleep of a rank waiting for a reply
 GIVE_SLEEP = 1e-4  # ... of a rank with calls to give (a thief may be waiting)
@@ -128,26 +129,32 @@ def idle_depth(ready: bool, pool, idle_workers: int, wait_depths: list[int], nwo
 
 class Backoff:
     """How long an idle rank waits before its next attempt: ``first`` seconds after a
-    failed one, doubling up to ``cap``; none after a success."""
+    failed one, doubling up to ``cap``; none after a success, nor once the rank takes
+    more than it asked for when it failed (a call less deep: its need has widened)."""
 
     def __init__(self, first: float = 5e-5, cap: float = 2e-2):
         self.first, self.cap = first, cap
         self.wait = 0.0
         self.next_at = 0.0
+        self.depth = -1  # the failed attempt's: it wanted calls deeper than this
 
-    def failed(self, now: float) -> None:
-        """An attempt found nothing at ``now``."""
+    def failed(self, now: float, depth: int = -1) -> None:
+        """An attempt for a call deeper than ``depth`` found nothing at ``now``."""
         self.wait = min(self.cap, max(self.first, 2 * self.wait))
         self.next_at = now + self.wait
+        self.depth = depth
 
     def succeeded(self) -> None:
         """An attempt brought work: the next may follow at once."""
         self.wait = 0.0
         self.next_at = 0.0
+        self.depth = -1
 
-    def due(self, now: float) -> bool:
-        """Whether an attempt may be made at ``now``."""
-        return now >= self.next_at
+    def due(self, now: float, depth: int = -1) -> bool:
+        """Whether an attempt for a call deeper than ``depth`` may be made at ``now``.
+        A rank that failed while its workers waited deep, and now has a worker that
+        takes any call, asks at once (else it sat out a whole 20 ms back-off)."""
+        return now >= self.next_at or depth < self.depth
 
 
 class Termination:
@@ -229,6 +236,7 @@ class Stealer:
         self.local: list[bool] = [True] * net.size  # ranks on this host (one clock)
         self.offered: int | None = None  # a rank that offered work: asked next
         self.asked_at = 0.0
+        self.asked_depth = -1  # the depth of the request outstanding (or the last one)
         self._asked = 0.0  # asked_at when the progress thread last slept
         self.sends: list[tuple[Any, bytes]] = []
         self.outbox: list[tuple[int, int, bytes]] = []
@@ -311,7 +319,7 @@ class Stealer:
             if buf:
                 self._take(bytes(buf), src, self.asked_at)
                 return True
-            self.backoff.failed(time.perf_counter())
+            self.backoff.failed(time.perf_counter(), self.asked_depth)
         elif kind == PUSH:
             self._take(bytes(buf), src, None)
             return True
@@ -527,6 +535,12 @@ class Stealer:
 
     # -- from a worker ----------------------------------------------------------------
 
+    def wants(self, depth: int) -> bool:
+        """Whether a hungry rank takes a call of ``depth`` (a hint, without the token):
+        one told "none" takes only calls deeper than it asked for, so a call no deeper
+        is no reason to feed (a victim scanned its pool at each of 134 spawns so)."""
+        return depth > min(self.hungry.values(), default=NO_DEPTH)  # (one C call: no race)
+
     def feed(self) -> bool:
         """A call was spawned here while a rank is hungry: push each hungry rank the
         oldest call deeper than it asked for, from this thread, if the network token is
@@ -616,7 +630,8 @@ class Stealer:
             self._offer()
         now = time.perf_counter()
         self.asking = depth is not None and not term.finished
-        if self.asking and self.outstanding is None and self.backoff.due(now):
+        due = depth is not None and self.backoff.due(now, depth)
+        if self.asking and self.outstanding is None and due:
             assert depth is not None  # (asking)
             victim, self.offered = self.offered, None
             if victim is None:
@@ -624,6 +639,6 @@ class Stealer:
             if self.peer_boards and self._claim(depth, victim, now):
                 return False
             self.outstanding = victim
-            self.asked_at = now
+            self.asked_at, self.asked_depth = now, depth
             self._send(self.outstanding, REQUEST, str(depth).encode())
         return term.closed and not self.sends and not self.outbox
