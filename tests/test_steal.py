@@ -259,7 +259,9 @@ def test_spawned_calls_are_stolen_by_idle_ranks_and_results_are_exact(ranks, mpi
                 assert (int(found.group(1)), int(found.group(2))) == (987, 92), out
                 steals += int(found.group(3))
                 claims += int(found.group(4))
-            if delay:  # with slow leaves an idle rank always finds work
+            # with slow leaves an idle rank finds work; with 2 workers each rank may keep
+            # both busy with its own trees to the end (no call moved in 1-2 of 10 jobs)
+            if delay and workers == 1:
                 assert steals > 0, out
     assert claims > 0, out  # (one host: thieves take calls from the boards, unasked)
     pushed = [re.search(rf"rank {rank}: one 377 (\d+) (\S+)", out) for rank in range(ranks)]
