@@ -10,6 +10,12 @@ from typing import Any
 tls = threading.local()  # .ctx: (executor, worker index, frame stack), or None
 
 
+class TaskAbandoned(BaseException):
+    """Raised in a worker thread whose task ran past its timeout, or was still running
+    when its run stopped: the run has ended without it (a BaseException, so that a task's
+    own ``except Exception`` does not swallow it)."""
+
+
 def enter_worker(ex: Any, index: int, frames: list) -> None:
     """This thread is worker ``index`` of ``ex``; ``frames``: its frame stack."""
     tls.ctx = (ex, index, frames)

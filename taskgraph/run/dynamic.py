@@ -38,10 +38,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
 from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import attempts
+from .context import TaskAbandoned
 from .context import tls as _tls
 
 PENDING, RUNNING, DONE, FAILED = range(4)
@@ -162,8 +165,9 @@ class SpawnFuture(Frame):
         return self.name
 
     def done(self) -> bool:
-        """Whether the call has ended (well or not)."""
-        return self.state >= DONE
+        """Whether the call has ended (well or not), or never will: its run stopped
+        first (``result()`` then raises RunError; ``tg.as_completed`` yields it)."""
+        return self.state >= DONE or self.owner.stopping
 
     def result(self) -> Any:
         """The call's value, once it ended. Inside a task, the worker runs other
@@ -257,16 +261,44 @@ def check_values(fn: Any, args: tuple, kwargs: dict, what: str) -> None:
         )
 
 
+def read_only(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with each NumPy array among them a read-only view of it: a
+    call that runs here shares its caller's arrays, one that another rank stole gets
+    copies, so writing into one must fail on both (as a graph task's does)."""
+    if not any(isinstance(a, np.ndarray) for a in (*args, *kwargs.values())):
+        return args, kwargs
+    return tuple(_view(a) for a in args), {k: _view(v) for k, v in kwargs.items()}
+
+
+def _view(a: Any) -> Any:
+    if not isinstance(a, np.ndarray) or not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _wrote_into(exc: BaseException, item: SpawnFuture) -> bool:
+    """Whether ``exc`` is NumPy's refusal to write into a read-only array given to
+    ``item`` (see :func:`read_only`)."""
+    if not isinstance(exc, ValueError) or "read-only" not in str(exc):
+        return False
+    return any(isinstance(a, np.ndarray) for a in (*item.args, *item.kwargs.values()))
+
+
 def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
     """Start ``fn(*args, **kwargs)`` as a task of this run; its future, at once.
 
     Call it inside a running task (a ``@tg.task`` function or a kernel). ``fn``: a
-    ``@tg.task`` function or any callable; ``args``, ``kwargs``: its arguments (plain
-    values: the call may run on another worker). Wait with ``fut.result()`` or
-    :func:`wait`; the calling task counts as done only once every call it spawned has
-    ended. RuntimeError outside a running task."""
+    ``@tg.task`` function or any callable; ``args``, ``kwargs``: its arguments (values:
+    the call may run on another rank, on a copy; a NumPy array among them arrives as a
+    read-only view, so a call that writes into it fails alike on every rank count).
+    Wait with ``fut.result()`` or :func:`wait`; the calling task counts as done only
+    once every call it spawned has ended. RuntimeError outside a running task."""
     ex, index, frames = _context("tg.spawn")
-    check_values(fn, args, kwargs, "tg.spawn")
+    if not plain(args, kwargs):
+        check_values(fn, args, kwargs, "tg.spawn")
+        args, kwargs = read_only(args, kwargs)
     if not frames:  # the first spawn of the static task this worker runs
         frames.append(Frame(ex.graph.label(ex.current[index]), 0))
     return ex.push_spawned(frames[-1], fn, args, kwargs)
@@ -359,6 +391,7 @@ class SpawnRunner:
         pool as a child of no task (it may be stolen); its future. Any thread; the run
         does not end on this rank before it has ended. RunError once the run stops or
         no longer takes calls (see :meth:`close_submissions`)."""
+        args, kwargs = read_only(args, kwargs)
         fut = SpawnFuture(self, attempts.spawn_fn(fn), args, kwargs, 1)
         self.check_call(fn, fut)
         fut.submitted = True
@@ -497,7 +530,9 @@ class SpawnRunner:
     def run_spawned(self: Any, item: SpawnFuture, frames: list) -> None:
         """Run the spawned call ``item`` (taken, RUNNING) on this thread, join its
         children, and complete its future. Lock not held. An exception is kept in the
-        future; one that is not an Exception (an interrupt) is raised again."""
+        future, a SystemExit or KeyboardInterrupt of the call's own too (its parent hears
+        of it, named); TaskAbandoned (the run goes on without this worker) is raised
+        again."""
         frames.append(item)
         value: Any = None
         exc: BaseException | None = None
@@ -513,6 +548,13 @@ class SpawnRunner:
                 )
         except BaseException as e:  # noqa: BLE001 - kept for the waiter
             exc = e
+            if _wrote_into(e, item):
+                exc = ValueError(
+                    f"{item.label()} wrote into a NumPy array it was given: a spawned call "
+                    "takes values (on another rank it runs on a copy), so its arrays are "
+                    "read-only; return a new array, or copy it first (a.copy())"
+                )
+                exc.__cause__ = e
         try:
             self.join(item)
         except BaseException as e:  # noqa: BLE001 - kept for the waiter
@@ -525,7 +567,7 @@ class SpawnRunner:
         state = TASK_DONE if exc is None else TASK_FAILED
         self.trace.spawned(worker, start, self.trace.clock(), item.label(), state)
         self.complete(item, value, exc)
-        if exc is not None and not isinstance(exc, Exception):
+        if isinstance(exc, TaskAbandoned):
             raise exc
 
     def join(self: Any, frame: Frame) -> None:

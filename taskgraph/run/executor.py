@@ -49,6 +49,7 @@ from ..trace.recorder import TASK_FAILED, Recorder
 from . import attempts, doorbell
 from . import comm as commlib
 from .buffers import BufferPool, Stats, gc_frozen
+from .context import TaskAbandoned
 from .direct import DirectPath, direct_task
 from .dynamic import SpawnRunner
 from .launcher import Launcher
@@ -90,12 +91,6 @@ __all__ = [
     "short_task_limit",
     "timeouts_by_function",
 ]
-
-
-class TaskAbandoned(BaseException):
-    """Raised in a worker thread whose task ran past its timeout, or was still running
-    when its run stopped: the run has ended without it (a BaseException, so that a task's
-    own ``except Exception`` does not swallow it)."""
 
 
 def interrupt_thread(thread: threading.Thread) -> bool:

@@ -49,8 +49,10 @@ from __future__ import annotations
 import bisect
 import pickle
 import random
+import struct
 import threading
 import time
+import traceback
 from typing import Any
 
 import cloudpickle
@@ -59,7 +61,7 @@ from . import board as boardlib
 from . import comm as commlib
 from . import doorbell
 from .context import tls as _tls
-from .dynamic import PENDING, RUNNING, SpawnFuture
+from .dynamic import PENDING, RUNNING, SpawnFuture, read_only
 
 REQUEST, REPLY, RESULT, TERM, PUSH = range(5)  # tag offsets from the stealing tags' base
 NTAGS = 5
@@ -71,24 +73,28 @@ GIVE_SLEEP = 1e-4  # ... of a rank with calls to give (a thief may be waiting)
 REPLY_SPIN = 3e-4  # seconds a rank polls without sleeping for the reply to its request
 
 
-def _unpack(payload: bytes) -> tuple:
+def _unpack(payload: bytes | memoryview) -> tuple:
     """A pickled tuple of a stealing message."""
     msg = commlib.loads(payload)
     assert isinstance(msg, tuple)
     return msg
 
 
-def pack(call: tuple) -> bytes:
-    """A stolen call, pickled: by plain pickle where its function and values are found
-    by name on every rank (a few µs), else by cloudpickle, by value (a function of the
-    notebook or the script, a lambda: tens of µs on the victim's path)."""
-    fn = call[1]
-    if getattr(fn, "__module__", "__main__") != "__main__":
+def pack(call: tuple, by_name: bool = True) -> bytes:
+    """A stolen call (fn, args, kwargs) or its result, pickled: by plain pickle where
+    what it holds is found by name on every rank (a few µs), else by cloudpickle, by
+    value (a function of the notebook or the script, a lambda: tens of µs on the
+    victim's path; a value of a class such a function brought along, which arrives as
+    the victim's own class). ``by_name``: try plain pickle first."""
+    if by_name:
         try:
             return pickle.dumps(call, protocol=5)
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
     return cloudpickle.dumps(call, protocol=5)
+
+
+HEAD = struct.Struct("<qqd")  # a call's (key, depth, sent) ahead of its pickle
 
 
 def tag_base(tag_ub: int) -> int:
@@ -359,8 +365,11 @@ class Stealer:
     @staticmethod
     def _wire(key: int, item: Any, sent: float) -> bytes:
         """The call ``item`` as it leaves this rank (see :meth:`_take`): under ``key``,
-        sent at ``sent``."""
-        return pack((key, item.fn, item.args, item.kwargs, item.depth, sent))
+        sent at ``sent``, these and its depth in a fixed header (a thief that cannot
+        unpickle the call still says which one failed)."""
+        by_name = getattr(item.fn, "__module__", "__main__") != "__main__"
+        head = HEAD.pack(key, item.depth, sent)
+        return head + pack((item.fn, item.args, item.kwargs), by_name)
 
     def _pop_oldest(self, depth: int) -> Any:
         """The oldest stealable call in the pool deeper than ``depth``, taken out (None:
@@ -485,7 +494,13 @@ class Stealer:
         """A stolen call arrived, the answer to a request made at ``asked`` (None: pushed
         to this rank): into this rank's pool, and a waiting worker woken, before its
         bookkeeping (its name, the latency, the trace)."""
-        key, fn, args, kwargs, depth, sent = _unpack(payload)
+        key, depth, sent = HEAD.unpack_from(payload)
+        try:
+            fn, args, kwargs = _unpack(memoryview(payload)[HEAD.size :])
+        except Exception as exc:  # noqa: BLE001 - its parent hears why, named
+            self._refuse(key, victim, exc)
+            return
+        args, kwargs = read_only(args, kwargs)  # (copies: as read-only as the originals)
         ex = self.ex
         fut = SpawnFuture(ex, fn, args, kwargs, depth)
         fut.remote = (victim, key)
@@ -508,16 +523,26 @@ class Stealer:
             asked = min(sent, now) if self.local[victim] else now
         ex.trace.stole(victim, fut.label(), asked, now, pushed)
 
+    def _refuse(self, key: int, victim: int, exc: Exception) -> None:
+        """The call ``key`` came from ``victim`` and cannot be unpickled here: it failed,
+        and its rank names it (an empty name: the victim's own). Token held."""
+        net = self.net
+        error = f"{type(exc).__name__}: {exc} (unpickling the call on rank {net.rank})"
+        failure = ("", net.rank, net.size, net.host, error, traceback.format_exc())
+        self._send(victim, RESULT, pack((key, failure, None)))
+
     def _deliver(self, payload: bytes) -> None:
         """The result of a call another rank stole came back."""
         key, failure, value = _unpack(payload)
         item = self.stolen.pop(key)
+        if failure is not None and not failure[0]:  # (see _refuse)
+            failure = (item.label(), *failure[1:])
         if item.slot >= 0:  # (taken from the board, and not collected yet)
             with self.ex.lock:
                 self.collect()
         if item.remote is not None:  # stolen here, and on from here: back where it began
             victim, first = item.remote
-            self._send(victim, RESULT, commlib.dumps((first, failure, value)))
+            self._send(victim, RESULT, pack((first, failure, value)))
         self.ex.settle(item, value, None, failure)
 
     def _offer(self) -> None:
@@ -566,12 +591,12 @@ class Stealer:
         """A stolen call ended here: queue its result for its rank. Lock not held."""
         victim, key = item.remote
         try:
-            payload = commlib.dumps((key, failure, value))
+            payload = pack((key, failure, value))
         except Exception as exc:  # noqa: BLE001 - the parent hears why
             net = self.net
             error = f"{type(exc).__name__}: its value cannot be pickled: {exc}"
             failure = (item.label(), net.rank, net.size, net.host, error, "")
-            payload = commlib.dumps((key, failure, None))
+            payload = pack((key, failure, None))
         with self.ex.lock:
             self.outbox.append((victim, RESULT, payload))
         self.ex.wake.set()
