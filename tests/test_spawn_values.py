@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from taskgraph.run.dynamic import read_only
+from taskgraph.run.dynamic import _elide, read_only
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,6 +27,25 @@ def test_arrays_given_to_a_spawned_call_are_read_only_views_and_the_rest_is_kept
     assert a.flags.writeable  # (the caller's own array is untouched)
     plain = ((1, 2), {"k": 3})
     assert read_only(*plain) == plain
+
+
+def chain_error(levels: int) -> str:
+    """The error text of a call whose failure came up ``levels`` spawned calls, each
+    level eliding its child's text as _failure does."""
+    error = "ValueError: bottom"
+    for d in range(levels):
+        error = _elide(f"SpawnedTaskError: task bad({d}) on rank 0/1 (vm) failed: {error}")
+    return error
+
+
+def test_a_long_chain_of_failed_calls_names_its_ends_and_counts_the_middle():
+    short = chain_error(4)
+    assert short.count("SpawnedTaskError") == 4 and "more spawned calls" not in short
+    long = chain_error(41)
+    assert long.count("task bad(") == 4 and len(long) < 400, long
+    assert long.startswith("SpawnedTaskError: task bad(40) ")
+    assert "task bad(39) " in long and "task bad(0) " in long and "bad(20)" not in long
+    assert "(37 more spawned calls failed in turn)" in long and long.endswith("ValueError: bottom")
 
 
 JOB = """

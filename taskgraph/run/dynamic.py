@@ -29,6 +29,7 @@ Future states: ``PENDING`` (in the pool) -> ``RUNNING`` -> ``DONE`` or ``FAILED`
 
 from __future__ import annotations
 
+import re
 import reprlib
 import textwrap
 import threading
@@ -201,7 +202,7 @@ def _failure(item: SpawnFuture, exc: BaseException, net: Any) -> tuple:
     full) leaves the type alone."""
     try:
         if isinstance(exc, SpawnedTaskError):  # a child's: its text, without the traceback
-            error, text = f"{type(exc).__name__}: {TaskError.__str__(exc)}", exc.traceback
+            error, text = _elide(f"{type(exc).__name__}: {TaskError.__str__(exc)}"), exc.traceback
         else:  # (nor a cause's: each level would hold every level below it, twice)
             error = f"{type(exc).__name__}: {exc}"
             text = "".join(traceback.format_exception(exc, chain=False))
@@ -210,6 +211,23 @@ def _failure(item: SpawnFuture, exc: BaseException, net: Any) -> tuple:
         error, text = type(exc).__name__, ""
         label = item.name or getattr(item.fn, "__name__", "a spawned call")
     return (label, net.rank, net.size, net.host, error, text)
+
+
+CHAIN = " failed: SpawnedTaskError: task "  # where one level's error names the next
+KEEP = 2  # levels of a chain of failed calls named at each end; the middle is counted
+MIDDLE = re.compile(r"\.\.\. \((\d+) more spawned calls failed in turn\) \.\.\.")
+
+
+def _elide(error: str) -> str:
+    """A failed call's error naming a chain of failed descendants, with only the first
+    and last ``KEEP`` levels named (a failure 150 calls deep read 9 KB otherwise)."""
+    parts = error.split(CHAIN)
+    if len(parts) <= 2 * KEEP + 1:
+        return error
+    # (each level elides its child's text: a level already elided counts what it left out)
+    skipped = sum(int(m[1]) if (m := MIDDLE.fullmatch(p)) else 1 for p in parts[KEEP:-KEEP])
+    middle = f"... ({skipped} more spawned calls failed in turn) ..."
+    return CHAIN.join([*parts[:KEEP], middle, *parts[-KEEP:]])
 
 
 def _context(what: str) -> tuple:
