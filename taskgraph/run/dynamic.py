@@ -234,8 +234,9 @@ def _context(what: str) -> tuple:
     ctx = getattr(_tls, "ctx", None)
     if ctx is None:
         raise RuntimeError(
-            f"{what} works inside a running task only; outside one, build a graph "
-            "(with tg.Graph() as g: ...) and run it"
+            f"{what} works inside a running task only, on the task's own thread (not on "
+            "a thread the task starts); outside one, build a graph (with tg.Graph() as "
+            "g: ...) and run it"
         )
     return ctx
 
