@@ -12,7 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from taskgraph.run.dynamic import _elide, read_only
+from taskgraph.cluster.submit import _stopped
+from taskgraph.run.context import TaskAbandoned
+from taskgraph.run.dynamic import FAILED, SpawnFuture, _elide, read_only
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,6 +29,20 @@ def test_arrays_given_to_a_spawned_call_are_read_only_views_and_the_rest_is_kept
     assert a.flags.writeable  # (the caller's own array is untouched)
     plain = ((1, 2), {"k": 3})
     assert read_only(*plain) == plain
+    twice, _ = read_only((a, a), {})
+    assert twice[0] is twice[1]  # (an array given twice is one array in the call)
+
+
+def test_a_submitted_call_that_exits_is_its_own_failure_not_a_stopped_run():
+    """On engines, a call the run stopped under is left to the run's summary; one that
+    raised SystemExit itself is published as its failure (else its future waited for
+    the run's end)."""
+    fut = SpawnFuture(None, print, (), {}, 1)
+    fut.state = FAILED
+    fut.exc = SystemExit(3)
+    assert not _stopped(fut)
+    fut.exc = TaskAbandoned()
+    assert _stopped(fut)
 
 
 def chain_error(levels: int) -> str:

@@ -39,6 +39,7 @@ from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError
 from ..dsl.graph import Graph, task
 from ..dsl.options import RunOptions
 from ..run.attempts import Skipped
+from ..run.context import TaskAbandoned
 from ..run.dynamic import DONE, FAILED, SpawnFuture
 
 POLL_MIN, POLL_MAX = 0.001, 0.02  # seconds between looks at futures that have not ended
@@ -303,12 +304,12 @@ class Inbox:
 
 
 def _stopped(fut: Any) -> bool:
-    """Whether a call failed because its run stopped under it (it was interrupted:
-    not an Exception of its own)."""
+    """Whether a call failed because its run stopped under it (TaskAbandoned: a
+    SystemExit of its own is its failure, published as any other)."""
     if fut.state != FAILED:
         return False
     if fut.exc is not None:
-        return not isinstance(fut.exc, Exception)
+        return isinstance(fut.exc, TaskAbandoned)
     return fut.failure is not None and str(fut.failure[4]).startswith("TaskAbandoned")
 
 

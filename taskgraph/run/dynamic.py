@@ -286,21 +286,29 @@ def read_only(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     copies, so writing into one must fail on both (as a graph task's does)."""
     if not any(isinstance(a, np.ndarray) for a in (*args, *kwargs.values())):
         return args, kwargs
-    return tuple(_view(a) for a in args), {k: _view(v) for k, v in kwargs.items()}
+    views: dict[int, Any] = {}  # (one view per array: an array given twice stays one)
+    return tuple(_view(a, views) for a in args), {k: _view(v, views) for k, v in kwargs.items()}
 
 
-def _view(a: Any) -> Any:
+def _view(a: Any, views: dict[int, Any]) -> Any:
     if not isinstance(a, np.ndarray) or not a.flags.writeable:
         return a
-    v = a.view()
-    v.flags.writeable = False
-    return v
+    if id(a) not in views:
+        v = views[id(a)] = a.view()
+        v.flags.writeable = False
+    return views[id(a)]
+
+
+WROTE = "assignment destination is read-only"  # NumPy's words for a write into one
 
 
 def _wrote_into(exc: BaseException, item: SpawnFuture) -> bool:
-    """Whether ``exc`` is NumPy's refusal to write into a read-only array given to
-    ``item`` (see :func:`read_only`)."""
-    if not isinstance(exc, ValueError) or "read-only" not in str(exc):
+    """Whether ``exc`` is NumPy's refusal to write into a read-only array, in a call
+    given one (see :func:`read_only`)."""
+    try:
+        if not isinstance(exc, ValueError) or WROTE not in str(exc):
+            return False
+    except Exception:  # noqa: BLE001 - an exception whose text cannot be made
         return False
     return any(isinstance(a, np.ndarray) for a in (*item.args, *item.kwargs.values()))
 
@@ -567,12 +575,12 @@ class SpawnRunner:
                 )
         except BaseException as e:  # noqa: BLE001 - kept for the waiter
             exc = e
-            if _wrote_into(e, item):
+            if _wrote_into(e, item):  # (with the write's traceback: it says where)
                 exc = ValueError(
-                    f"{item.label()} wrote into a NumPy array it was given: a spawned call "
-                    "takes values (on another rank it runs on a copy), so its arrays are "
-                    "read-only; return a new array, or copy it first (a.copy())"
-                )
+                    f"{item.label()} wrote into a NumPy array it was given ({e}): a spawned "
+                    "call takes values (on another rank it runs on a copy), so its arrays "
+                    "are read-only; return a new array, or copy it first"
+                ).with_traceback(e.__traceback__)
                 exc.__cause__ = e
         try:
             self.join(item)
