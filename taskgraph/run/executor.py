@@ -412,7 +412,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 else:
                     # back off: poll often while a worker is idle; while every worker
                     # computes, latency is hidden, so leave their cores alone
-                    busy_workers = self._running + self.spawned_running >= self.nworkers
+                    busy_workers = self._computing() >= self.nworkers
                     cap = 10 * tuning.busy_poll if busy_workers else tuning.poll_max
                     if busy_workers and not self._poll_computing:
                         sleep = tuning.watch  # (the workers poll between their tasks)
@@ -429,11 +429,17 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     # while every worker computes, from busy_poll: the doubling from
                     # 20 µs after each handover took 16 % of a rank's one core
                     # (2 ranks x 1 worker, docs/performance.md#cholesky-on-intel)
-                    busy_workers = self._running + self.spawned_running >= self.nworkers
+                    busy_workers = self._computing() >= self.nworkers
                     sleep = tuning.busy_poll if busy_workers else 0.0
                     if busy_workers and not self._poll_computing:
                         sleep = tuning.watch
                     idle_since = clock()
+
+    def _computing(self) -> int:
+        """Workers that compute (a hint, without the lock): in a task, or in a spawned
+        call taken when idle, and not waiting for a call another rank runs (its result
+        may come from another host, unrung: poll for it)."""
+        return self._running + self.spawned_running - self.spawn_waiting
 
     def _steal_step(self, depth: int | None, all_done: bool) -> bool:
         """One step of stealing (see :meth:`~taskgraph.run.steal.Stealer.step`), if
