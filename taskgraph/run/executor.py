@@ -437,9 +437,12 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
 
     def _computing(self) -> int:
         """Workers that compute (a hint, without the lock): in a task, or in a spawned
-        call taken when idle, and not waiting for a call another rank runs (its result
-        may come from another host, unrung: poll for it)."""
-        return self._running + self.spawned_running - self.spawn_waiting
+        call taken when idle; less those waiting for calls other ranks run, where one
+        of those is on another host (its result comes unrung: poll for it). On one host
+        every result rings: polling for it cost an idle rank 3.3 -> 5.6-6.6 % of a core."""
+        steal = self.steal
+        unrung = steal is not None and not steal.all_rung
+        return self._running + self.spawned_running - (self.spawn_waiting if unrung else 0)
 
     def _steal_step(self, depth: int | None, all_done: bool) -> bool:
         """One step of stealing (see :meth:`~taskgraph.run.steal.Stealer.step`), if
