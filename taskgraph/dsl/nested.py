@@ -137,15 +137,20 @@ def _flatten(a, leaves: list, encode: Callable):
     return len(leaves) - 1
 
 
+def readonly_view(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (no copy): what a task, or a spawned call, is given."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def _build(node, flat: tuple):
     """The value of a template, from its leaves' values."""
     c = node.__class__
     if c is int:
         return flat[node]
     if c is _ReadOnly:
-        view = flat[node.index].view()
-        view.flags.writeable = False
-        return view
+        return readonly_view(flat[node.index])
     items = [_build(x, flat) for x in node.items]
     kind = node.kind
     if kind is list:

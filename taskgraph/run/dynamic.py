@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..dsl.nested import readonly_view
 from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
 from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import attempts
@@ -284,18 +285,21 @@ def read_only(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``args`` and ``kwargs`` with each NumPy array among them a read-only view of it: a
     call that runs here shares its caller's arrays, one that another rank stole gets
     copies, so writing into one must fail on both (as a graph task's does)."""
-    if not any(isinstance(a, np.ndarray) for a in (*args, *kwargs.values())):
+    if not _has_arrays(args, kwargs):
         return args, kwargs
     views: dict[int, Any] = {}  # (one view per array: an array given twice stays one)
     return tuple(_view(a, views) for a in args), {k: _view(v, views) for k, v in kwargs.items()}
+
+
+def _has_arrays(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, np.ndarray) for a in (*args, *kwargs.values()))
 
 
 def _view(a: Any, views: dict[int, Any]) -> Any:
     if not isinstance(a, np.ndarray) or not a.flags.writeable:
         return a
     if id(a) not in views:
-        v = views[id(a)] = a.view()
-        v.flags.writeable = False
+        views[id(a)] = readonly_view(a)
     return views[id(a)]
 
 
@@ -310,7 +314,7 @@ def _wrote_into(exc: BaseException, item: SpawnFuture) -> bool:
             return False
     except Exception:  # noqa: BLE001 - an exception whose text cannot be made
         return False
-    return any(isinstance(a, np.ndarray) for a in (*item.args, *item.kwargs.values()))
+    return _has_arrays(item.args, item.kwargs)
 
 
 def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
@@ -394,11 +398,7 @@ class SpawnRunner:
         if feeding and (timed or not steal.feed()):  # a rank waits: feed it from here
             self.wake.set()  # (else the poller offers)
         if laying and not timed:
-            # the call spawned before this one goes on the board, not this one: a worker
-            # runs its newest call next
-            with self.lock:
-                if len(self.spool) > 1:
-                    steal.lay(self.spool[-2])
+            steal.lay_older()
         return fut
 
     def check_call(self: Any, fn: Any, fut: SpawnFuture) -> None:
@@ -442,9 +442,7 @@ class SpawnRunner:
         if steal is not None and steal.hungry:
             steal.feed()  # (an idle rank gets it now, if the network token is free)
         if steal is not None and steal.board is not None:
-            with self.lock:
-                if len(self.spool) > 1:
-                    steal.lay(self.spool[-2])
+            steal.lay_older()
         self.wake.set()  # (the progress thread may be idle, and this rank a victim)
         return fut
 

@@ -419,6 +419,14 @@ class Stealer:
         self.laid[slot], self.laid_keys[slot] = item, key
         self.laid_depths[item.depth] = slot
 
+    def lay_older(self) -> None:
+        """After a spawn, lay the call spawned before the newest (see :meth:`lay`). Lock
+        not held, on a thread where no interrupt lands."""
+        ex = self.ex
+        with ex.lock:
+            if len(ex.spool) > 1:
+                self.lay(ex.spool[-2])
+
     def _unlay(self, item: Any) -> int:
         """``item`` is off the board: its slot."""
         slot, item.slot = item.slot, -1
