@@ -115,6 +115,16 @@ def test_a_failed_job_gives_a_row_that_says_so_and_no_ratio():
     assert ok["speedup_vs_serial"] == 2.0 and ok["vs_pool"] == 1.2 and ok["value_ok"]
 
 
+def test_the_targets_say_they_do_not_apply_at_the_quick_sizes():
+    rows = [
+        {"program": "uts", "ranks": 2, "seconds": 0.1, "speedup_vs_serial": 1.9, "vs_pool": 1.1}
+    ]
+    idle, load = {"idle_rank_cpu_fraction": 0.01}, {"vs_unloaded": 1.2}
+    full, quick = dynamic.targets(rows, idle, load), dynamic.targets(rows, idle, load, quick=True)
+    assert full["applies"] and "note" not in full and full["uts_vs_pool"]["ok"]
+    assert not quick["applies"] and "full sizes" in quick["note"]
+
+
 @pytest.mark.timeout(30)
 def test_the_busy_loop_is_gone_after_its_block():
     with dynamic.BusyLoop(0) as busy:
