@@ -76,6 +76,22 @@ def test_a_victim_feeds_a_hungry_rank_only_calls_deeper_than_it_asked_for():
     assert st.wants(0)
 
 
+def test_a_computing_rank_whose_messages_all_ring_sleeps_at_the_watchs_pace():
+    """Where every stealing message rings the doorbell, a rank whose workers all compute
+    has nothing to poll for: it sleeps the watch's pace, not the busy cap (20 ms), unless
+    planned messages are due or a send of its own is still to be tested."""
+    st = Stealer.__new__(Stealer)  # (only the fields next_sleep reads: no run)
+    st.outstanding, st.asking, st.all_rung, st.sends = None, False, True, []
+    assert st.next_sleep(0.02, 1.0, 0.02, True, False, computing=0.05) == 0.05
+    assert st.next_sleep(0.02, 1.0, 0.02, True, True, computing=0.05) <= 0.02  # planned
+    assert st.next_sleep(0.02, 1.0, 0.02, True, False, computing=None) <= 0.02  # idle
+    st.sends = [(None, b"x")]
+    assert st.next_sleep(0.02, 1.0, 0.02, True, False, computing=0.05) <= 0.02
+    st.sends, st.all_rung = [], False  # (a peer on another host: its messages do not ring)
+    st.term = Termination(0, 2)
+    assert st.next_sleep(0.02, 1.0, 0.02, False, False, computing=0.05) <= 0.02
+
+
 def test_stealing_tags_sit_above_every_planned_tag():
     assert tag_base(32767) == 32763  # (REQUEST, REPLY, RESULT, TERM, PUSH)
     assert tag_base(2**31 - 1) > 2**30

@@ -421,7 +421,10 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                     else:  # (the spool and the queues: hints, without the lock or token)
                         planned = bool(tr.recvs_left or tr.recvs_active or tr.sends_active)
                         waited = clock() - idle_since
-                        sleep = steal.next_sleep(sleep, waited, cap, bool(self.spool), planned)
+                        computing = tuning.watch if busy_workers else None
+                        sleep = steal.next_sleep(
+                            sleep, waited, cap, bool(self.spool), planned, computing
+                        )
                 self.stats.sleeps += 1
                 if wake.wait(sleep):
                     # handed work (a worker stopped polling, or starts a long task):
