@@ -123,13 +123,19 @@ def test_a_recursion_35_deep_completes(workers):
 
 
 def test_a_recursion_deeper_than_one_stack_holds_fails_clearly_and_at_once():
-    """Past NEST_LIMIT calls nested on one worker, the waiting call fails with a
-    RecursionError naming the limit, which reaches the run (no hang, no stack blown)."""
+    """NEST_LIMIT waits nested on one worker complete (the README's "up to 150"); past
+    them, the waiting call fails with a RecursionError naming the limit, which reaches
+    the run (no hang, no stack blown)."""
     from taskgraph.run.dynamic import NEST_LIMIT
 
+    with tg.Graph("as deep as promised") as g:
+        c = chain(NEST_LIMIT)
+    run_in_process(g, 1)
+    assert c.result() == NEST_LIMIT
     with tg.Graph("too deep") as g:
         chain(NEST_LIMIT + 100)
-    with pytest.raises(tg.TaskError, match=rf"nested {NEST_LIMIT} deep .* cannot wait for chain"):
+    deeper = rf"nested {NEST_LIMIT + 1} deep .* \(at most {NEST_LIMIT}\): .* cannot wait for chain"
+    with pytest.raises(tg.TaskError, match=deeper):
         run_in_process(g, 1)
 
 

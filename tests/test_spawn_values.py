@@ -1,11 +1,12 @@
 """What a spawned call may take and give, alike on 1, 2 and 3 ranks (a new user's
 trial found each of these broken where a call was stolen): a value of a class defined
 in the script, an argument that cannot be rebuilt on the thief, a SystemExit in a
-child, a write into an array it was given; and ``tg.as_completed`` once a run is
-cancelled."""
+child, a write into an array it was given, a grandchild's error caught by its own
+class; and ``tg.as_completed`` once a run is cancelled."""
 
 from __future__ import annotations
 
+import pickle
 import re
 import textwrap
 
@@ -14,7 +15,14 @@ import pytest
 
 from taskgraph.cluster.submit import _stopped
 from taskgraph.run.context import TaskAbandoned
-from taskgraph.run.dynamic import FAILED, SpawnFuture, _elide, read_only
+from taskgraph.run.dynamic import (
+    FAILED,
+    SpawnedTaskError,
+    SpawnFuture,
+    _elide,
+    read_only,
+    spawned_error,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,6 +51,30 @@ def test_a_submitted_call_that_exits_is_its_own_failure_not_a_stopped_run():
     assert not _stopped(fut)
     fut.exc = TaskAbandoned()
     assert _stopped(fut)
+
+
+class Coded(Exception):
+    def __init__(self, code):
+        super().__init__(f"code {code}")
+        self.code = code
+
+
+def test_a_spawned_error_is_also_of_its_originals_class_and_survives_pickling():
+    failure = ("f(1)", 1, 2, "vm", "Coded: code 7", "Traceback ...")
+    err = spawned_error(failure, Coded(7))
+    assert isinstance(err, SpawnedTaskError) and isinstance(err, Coded)
+    assert err.code == 7 and err.task == "f(1)" and isinstance(err.original, Coded)
+    back = pickle.loads(pickle.dumps(err))  # (how an engine publishes it to the notebook)
+    assert type(back) is type(err) and back.code == 7 and back.original.code == 7
+    assert str(back) == str(err)
+    gone = spawned_error(failure, FileNotFoundError(2, "gone", "/x"))  # (C fields too)
+    assert isinstance(gone, FileNotFoundError) and (gone.errno, gone.filename) == (2, "/x")
+    assert type(spawned_error(failure, None)) is SpawnedTaskError
+    key = spawned_error(failure, KeyError("k"))  # (its message is ours, not KeyError's)
+    assert isinstance(key, KeyError) and str(key).startswith("task f(1) on rank 1/2")
+    assert type(spawned_error(failure, ZeroDivisionError)) is type(
+        spawned_error(failure, ZeroDivisionError("x"))
+    )  # (only the class came: one class per original class)
 
 
 def chain_error(levels: int) -> str:
@@ -106,6 +138,28 @@ def poke(a, i):
     a[i] = 1.0
     return i
 
+class Boom(Exception):  # (of this script, with a field: caught by its class anywhere)
+    def __init__(self, code):
+        super().__init__(f"boom {code}")
+        self.code = code
+
+def grandchild(i):
+    time.sleep(0.01)
+    if i % 2:
+        raise Boom(i)
+    return 1 // 0
+
+def child(i):
+    return tg.spawn(grandchild, i).result()
+
+def catches(i):
+    try:
+        return tg.spawn(child, i).result()
+    except Boom as e:
+        return "boom", e.code, isinstance(e, tg.TaskError), isinstance(e.__cause__, Boom)
+    except ZeroDivisionError as e:
+        return "zero", i, isinstance(e, tg.TaskError), isinstance(e.__cause__, ZeroDivisionError)
+
 def outcomes(futs):
     out = []
     for f in futs:
@@ -122,18 +176,22 @@ def parent():
     ex = [tg.spawn(exits, i) for i in range(6)]
     a = np.zeros(8)
     pokes = [tg.spawn(poke, a, i) for i in range(8)]
+    caught = [tg.spawn(catches, i) for i in range(12)]
     got = [r.result() for r in results]
     typed = all(type(r) is Result for r in got) and [r.value for r in got] == [
         s * 0.5 for s in range(12)
     ]
-    return typed, outcomes(bad), outcomes(ex), outcomes(pokes), float(a.sum())
+    kinds = [f.result() for f in caught]
+    by_class = kinds == [("boom" if i % 2 else "zero", i, True, True) for i in range(12)]
+    return typed, outcomes(bad), outcomes(ex), outcomes(pokes), float(a.sum()), by_class
 
 c = tg.Cluster()
 with tg.Graph("values") as g:
     f = parent()
 c.run(g, workers=1).wait()
-typed, bad, ex, pokes, total = f.result()
+typed, bad, ex, pokes, total, by_class = f.result()
 say("typed", typed)
+say("caught by class", by_class)
 say("bad", sum(1 for b in bad if isinstance(b, int)),
     sum(1 for b in bad if isinstance(b, str) and "use(" in b and "cannot rebuild me" in b))
 say("exits", [e if isinstance(e, int) else ("exits(2)" in e and "SystemExit: 3" in e)
@@ -188,6 +246,8 @@ def test_values_errors_and_a_cancelled_wait_on_any_number_of_ranks(ranks, mpirun
         assert int(found.group(1)) == 12, out  # (nothing moves: nothing is rebuilt)
     assert "rank 0: exits [0, 1, True, 3, 4, 5]" in out, out  # named, caught by the parent
     assert "rank 0: pokes 0.0 True" in out, out  # refused alike wherever they ran
+    # a grandchild's own exception class catches its error, wherever it ran
+    assert "rank 0: caught by class True" in out, out
     assert "rank 0: submitted True" in out, out
     assert "rank 0: after cancel 200 True" in out, out  # every future yielded, none hangs
     for rank in range(ranks):

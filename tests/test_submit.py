@@ -182,6 +182,7 @@ def test_an_adaptive_ensemble_submits_from_the_notebook_to_engines(engines):
     with pytest.raises(tg.TaskError, match=r"_bad\(7\) on rank \d/2 .*deliberate 7") as info:
         failing.result(timeout=30)
     assert "_bad" in info.value.traceback and isinstance(failing.exception(), tg.TaskError)
+    assert isinstance(failing.exception(), ValueError)  # (its own class, in the notebook too)
     assert run.submit(_square, 5).result(timeout=30) == 25 and run.state() == "running"
     run.wait(30)
     assert run.stats.spawned == 26

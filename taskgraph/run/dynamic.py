@@ -22,13 +22,15 @@ worker thread of an :class:`~taskgraph.run.executor.Executor` sets when it start
   exception that its parent never asked for (``result()``) fails the parent then.
 - **Errors.** ``result()`` of a failed child raises :class:`SpawnedTaskError` (a
   :class:`~taskgraph.core.errors.TaskError` naming the child, its rank and its
-  traceback), caused by the child's own exception; the parent may catch it.
+  traceback), caused by the child's own exception and an instance of its class too;
+  the parent may catch it as either.
 
 Future states: ``PENDING`` (in the pool) -> ``RUNNING`` -> ``DONE`` or ``FAILED``.
 """
 
 from __future__ import annotations
 
+import pickle
 import re
 import reprlib
 import textwrap
@@ -39,6 +41,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from ..core.errors import RemoteTraceback, RunError, TaskError
@@ -91,15 +94,99 @@ class SpawnedTaskError(TaskError):
     """A spawned task failed: raised by ``result()`` in the task that waits for it.
 
     As :class:`~taskgraph.core.errors.TaskError` (``task``, ``rank``, ``size``,
-    ``host``, ``error``, ``traceback``); the message carries the traceback too, and
-    ``__cause__`` is the original exception (a RemoteTraceback if it came from
-    another rank)."""
+    ``host``, ``error``, ``traceback``); the message carries the traceback too.
+    ``original``: the call's own exception (of a chain of failed calls, the deepest
+    one's), rebuilt from its pickle where it came from another rank (None if it could
+    not be); ``__cause__`` is the exception the call raised (from another rank, the
+    original, caused by a RemoteTraceback). Where the two classes combine, the error
+    is an instance of the original's class too (``SpawnedTaskError(ZeroDivisionError)``,
+    with the original's attributes), so ``except ZeroDivisionError`` catches it on every
+    rank count, as with Ray and Dask."""
+
+    original: BaseException | None = None
+
+    def __reduce__(self):
+        args = (self.task, self.rank, self.size, self.host, self.error, self.traceback)
+        return (_rebuild, (*args, dump_original(self.original)))
 
     def __str__(self) -> str:
-        text = super().__str__()
+        text = BaseException.__str__(self)  # (not the original class's: KeyError quotes)
         if not self.traceback:
             return text
         return f"{text}\n{textwrap.indent(self.traceback.rstrip(), '  | ')}"
+
+
+def spawned_error(failure: tuple, original: Any = None) -> SpawnedTaskError:
+    """The error of a call that failed as ``failure`` (a SpawnedTaskError's arguments),
+    of the class that is also ``original``'s (an exception, or only its class), with
+    the original's attributes; a plain SpawnedTaskError where they do not combine."""
+    kind = original if isinstance(original, type) else type(original)
+    err: SpawnedTaskError | None = None
+    try:
+        err = _kind(kind)(*failure[:6]) if original is not None else None
+    except Exception:  # noqa: BLE001 - an exotic class: the plain error still names it
+        pass
+    if err is None:
+        err = SpawnedTaskError(*failure[:6])
+    if isinstance(original, BaseException):
+        err.original = original
+        mine = err.__dict__
+        for k, v in getattr(original, "__dict__", {}).items():
+            mine.setdefault(k, v)  # (its own fields: ``e.code``; ours win a clash)
+        if isinstance(original, OSError) and isinstance(err, OSError):  # (C fields)
+            err.errno, err.strerror = original.errno, original.strerror
+            err.filename, err.filename2 = original.filename, original.filename2
+    return err
+
+
+_KINDS: dict[type, type] = {}
+
+
+def _kind(cls: type) -> type:
+    """The SpawnedTaskError class that is also a ``cls`` (made once per class)."""
+    if not issubclass(cls, Exception) or issubclass(cls, TaskError):
+        return SpawnedTaskError
+    kind = _KINDS.get(cls)
+    if kind is None:
+        try:
+            name = f"SpawnedTaskError({cls.__name__})"
+            kind = type(name, (SpawnedTaskError, cls), {"__module__": __name__})
+        except TypeError:  # (C layouts that do not combine)
+            kind = SpawnedTaskError
+        _KINDS[cls] = kind
+    return kind
+
+
+def root_cause(exc: BaseException) -> BaseException | None:
+    """The exception at the bottom of a chain of failed spawned calls."""
+    return exc.original if isinstance(exc, SpawnedTaskError) else exc
+
+
+def dump_original(exc: BaseException | None) -> bytes | None:
+    """``exc`` pickled to travel to another rank (by cloudpickle: a script's own class
+    comes back as itself), or only its class, or None."""
+    if exc is None:
+        return None
+    for obj in (exc, type(exc)):
+        try:
+            return cloudpickle.dumps(obj)
+        except Exception:  # noqa: BLE001 - an unpicklable argument: try the class
+            continue
+    return None
+
+
+def load_original(blob: bytes | None) -> Any:
+    """What :func:`dump_original` made: an exception, its class, or None."""
+    if blob is None:
+        return None
+    try:
+        return pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - a class this rank cannot import
+        return None
+
+
+def _rebuild(task, rank, size, host, error, tb, blob) -> SpawnedTaskError:
+    return spawned_error((task, rank, size, host, error, tb), load_original(blob))
 
 
 class Frame:
@@ -185,10 +272,22 @@ class SpawnFuture(Frame):
         return self.value
 
     def error(self) -> SpawnedTaskError:
-        """The error to raise for a failed call, caused by its exception."""
-        assert self.failure is not None
-        err = SpawnedTaskError(*self.failure)
-        err.__cause__ = self.exc if self.exc is not None else RemoteTraceback(self.failure[5])
+        """The error to raise for a failed call, caused by its exception (see
+        :class:`SpawnedTaskError`)."""
+        failure = self.failure
+        assert failure is not None
+        if self.exc is not None:
+            err = spawned_error(failure, root_cause(self.exc))
+            err.__cause__ = self.exc
+            return err
+        original = load_original(failure[6]) if len(failure) > 6 else None
+        err = spawned_error(failure, original)
+        remote = RemoteTraceback(failure[5])
+        if isinstance(original, BaseException):
+            original.__cause__ = remote
+            err.__cause__ = original
+        else:
+            err.__cause__ = remote
         return err
 
     def __repr__(self) -> str:
@@ -203,7 +302,7 @@ def _failure(item: SpawnFuture, exc: BaseException, net: Any) -> tuple:
     full) leaves the type alone."""
     try:
         if isinstance(exc, SpawnedTaskError):  # a child's: its text, without the traceback
-            error, text = _elide(f"{type(exc).__name__}: {TaskError.__str__(exc)}"), exc.traceback
+            error, text = _elide(f"SpawnedTaskError: {TaskError.__str__(exc)}"), exc.traceback
         else:  # (nor a cause's: each level would hold every level below it, twice)
             error = f"{type(exc).__name__}: {exc}"
             text = "".join(traceback.format_exception(exc, chain=False))
@@ -461,7 +560,7 @@ class SpawnRunner:
         ctx = getattr(_tls, "ctx", None)
         frames = ctx[2] if ctx is not None and ctx[0] is self else None
         depth = frames[-1].depth if frames else 0
-        if frames is not None and len(frames) >= NEST_LIMIT and fut.state < DONE:
+        if frames is not None and len(frames) > NEST_LIMIT and fut.state < DONE:
             net = self.net
             raise RecursionError(
                 f"spawned calls nested {len(frames)} deep on one worker of rank {net.rank}/"
@@ -624,6 +723,8 @@ class SpawnRunner:
             if exc is not None:
                 failure = _failure(item, exc, self.net)
             if item.remote is not None:
+                if exc is not None and failure is not None:  # (its waiter rebuilds it)
+                    failure = (*failure, dump_original(root_cause(exc)))
                 self.steal.queue_result(item, value, failure)
         except BaseException as e:  # its waiter must hear of it, never hang
             failure = failure or (item.name, self.net.rank, self.net.size, self.net.host,
