@@ -122,6 +122,29 @@ def test_a_recursion_35_deep_completes(workers):
     assert run.stats.spawned == 35
 
 
+def slow_square(x: int) -> int:
+    time.sleep(0.02 * (x % 3))
+    return x * x
+
+
+@tg.task
+def collects(n: int) -> list:
+    futs = [tg.spawn(slow_square, i) for i in range(n)]
+    return [f.result() for f in tg.as_completed(futs, timeout=20)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_as_completed_inside_a_task_runs_the_calls_it_waits_for(workers):
+    """With one worker, tg.as_completed in a task slept while its calls sat in the pool
+    (a TimeoutError after 20 s): it runs them meanwhile, as result() does."""
+    with tg.Graph("collect") as g:
+        c = collects(9)
+    t0 = time.perf_counter()
+    run_in_process(g, workers)
+    assert sorted(c.result()) == [i * i for i in range(9)]
+    assert time.perf_counter() - t0 < 5
+
+
 def test_a_recursion_deeper_than_one_stack_holds_fails_clearly_and_at_once():
     """NEST_LIMIT waits nested on one worker complete (the README's "up to 150"); past
     them, the waiting call fails with a RecursionError naming the limit, which reaches

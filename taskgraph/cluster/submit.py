@@ -102,8 +102,21 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
                 f"(the first: {pending[0]!r})"
             )
         pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
-        time.sleep(pause)
-        sleep = min(POLL_MAX, sleep * 2)
+        helping = _helping(pending)
+        if helping is not None:  # (a task of that run: it runs their calls meanwhile)
+            helping.owner.wait_any(helping, pause if deadline is not None else POLL_MAX)
+        else:
+            time.sleep(pause)
+            sleep = min(POLL_MAX, sleep * 2)
+
+
+def _helping(pending: list) -> Any:
+    """A pending spawned call whose run has this thread as a worker (it waits inside a
+    task of that run), or None."""
+    for f in pending:
+        if isinstance(f, SpawnFuture) and f.owner.is_worker_here():
+            return f
+    return None
 
 
 # -- the client's side of a run on engines ---------------------------------------------

@@ -552,11 +552,11 @@ class SpawnRunner:
             self.accepting = False
         self.wake.set()
 
-    def wait_for(self: Any, fut: SpawnFuture) -> None:
-        """Until ``fut`` ends: on a worker of this run, run spawned calls deeper than
-        the frame it waits in meanwhile; else only wait. A managed call (one with
-        resources: taskgraph.run.launcher) gives its resources back while it waits.
-        RunError if the run stops."""
+    def wait_for(self: Any, fut: SpawnFuture, until: Callable[[], bool] | None = None) -> None:
+        """Until ``fut`` ends (or ``until()`` is true): on a worker of this run, run
+        spawned calls deeper than the frame it waits in meanwhile; else only wait. A
+        managed call (one with resources: taskgraph.run.launcher) gives its resources
+        back while it waits. RunError if the run stops."""
         ctx = getattr(_tls, "ctx", None)
         frames = ctx[2] if ctx is not None and ctx[0] is self else None
         depth = frames[-1].depth if frames else 0
@@ -570,13 +570,29 @@ class SpawnRunner:
         held = attempts.give_back() if frames is not None and fut.state < DONE else None
         if held is not None:  # (a managed call waits: its resources go back meanwhile)
             try:
-                self._wait_released(fut, frames, depth, held[1])
+                self._wait_released(fut, frames, depth, held[1], until)
             finally:
                 held[0][2] = False
             return
-        self._wait_here(fut, frames, depth)
+        self._wait_here(fut, frames, depth, until)
 
-    def _wait_released(self: Any, fut: SpawnFuture, frames: list, depth: int, need: Any) -> None:
+    def is_worker_here(self: Any) -> bool:
+        """Whether this thread is a worker of this run."""
+        ctx = getattr(_tls, "ctx", None)
+        return ctx is not None and ctx[0] is self
+
+    def wait_any(self: Any, fut: SpawnFuture, seconds: float) -> None:
+        """Until ``fut`` or any other spawned call of this rank ends, or ``seconds``
+        pass: :func:`~taskgraph.cluster.submit.as_completed` in a task helps as
+        ``result()`` does (it slept, and a rank of one worker never ran the calls)."""
+        with self.lock:
+            seen = self.calls_ended
+        deadline = time.perf_counter() + seconds
+        self.wait_for(fut, lambda: self.calls_ended != seen or time.perf_counter() >= deadline)
+
+    def _wait_released(
+        self: Any, fut: SpawnFuture, frames: list, depth: int, need: Any, until: Any
+    ) -> None:
         """:meth:`_wait_here`, with the cores, memory and GPUs that the managed call
         waiting on this thread holds given back meanwhile (as a blocked ``ray.get``
         does): the calls it waits for may need them. Taken again, in turn, before it
@@ -584,7 +600,7 @@ class SpawnRunner:
         gate = self.launcher.gate
         gate.release(need)
         try:
-            self._wait_here(fut, frames, depth)
+            self._wait_here(fut, frames, depth, until)
         finally:
             # (not taken again when the run stops: its launcher ends with it)
             if not gate.acquire(need, lambda: bool(self.stopping)):
@@ -593,12 +609,14 @@ class SpawnRunner:
                     f"{self.net.size} while waiting for {fut.label()}"
                 )
 
-    def _wait_here(self: Any, fut: SpawnFuture, frames: list | None, depth: int) -> None:
+    def _wait_here(self: Any, fut: SpawnFuture, frames: list | None, depth: int, until) -> None:
         """The loop of :meth:`wait_for`."""
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
         with lock:
             while fut.state < DONE:
+                if until is not None and until():
+                    return
                 if self.stopping:
                     raise RunError(
                         f"run {self.graph.name!r} stopped on rank {self.net.rank}/"
@@ -744,6 +762,7 @@ class SpawnRunner:
             else:
                 item.exc, item.failure = exc, failure
                 item.state = FAILED
+            self.calls_ended += 1
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
             if item.submitted:

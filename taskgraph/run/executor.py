@@ -176,6 +176,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.spawn_cv = threading.Condition(base)
         self.spool: deque = deque()  # spawned calls not started yet (oldest first)
         self.spawn_waiting = 0
+        self.calls_ended = 0  # spawned calls that ended here (tg.as_completed waits on it)
         self.spawned_running = 0
         self.wait_depths: list[int] = []
         self.accepting = open
