@@ -177,6 +177,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.spool: deque = deque()  # spawned calls not started yet (oldest first)
         self.spawn_waiting = 0
         self.calls_ended = 0  # spawned calls that ended here (tg.as_completed waits on it)
+        self.calls_failed = 0  # ... of them failed (tg.wait and the join raise at once)
         self.spawned_running = 0
         self.wait_depths: list[int] = []
         self.accepting = open
