@@ -440,3 +440,59 @@ def test_a_rank_whose_calls_all_left_asks_for_work_at_once(mpirun, tmp_path):
     found = re.search(r"rank 0: gap ([\d.]+|inf)", proc.stdout)
     assert found, proc.stdout + proc.stderr[-2000:]
     assert float(found.group(1)) < 4.0, proc.stdout  # (~10 with the sleep: a 6x margin)
+
+
+BESIDE_JOB = """
+import sys, time
+from mpi4py import MPI
+import taskgraph as tg
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+@tg.task
+def first():
+    return 1
+
+@tg.task
+def waits(s):
+    far = tg.spawn(nap, 1.2)  # (the idle rank steals it: the oldest call)
+    near = tg.spawn(nap, 0.02)
+    return near.result() + far.result(), MPI.COMM_WORLD.rank
+
+@tg.task
+def beside(s, i):
+    return nap(0.15), MPI.COMM_WORLD.rank
+
+c = tg.Cluster()
+with tg.Graph("beside") as g:
+    s = first()
+    w = waits(s)
+    bs = [beside(s, i) for i in range(5)]
+t0 = time.perf_counter()
+run = c.run(g, workers=1).wait()
+took = time.perf_counter() - t0
+if c.rank == 0:
+    dyn = run.trace.dynamic()  # (every rank's: the thief counts the steal)
+    moved = dyn["steals"] + dyn["pushes"]
+    ranks = {w.result()[1], *(b.result()[1] for b in bs)}
+    print(f"rank 0: took {took:.3f} moved {moved} ranks {len(ranks)}", flush=True)
+    print("rank 0: values", w.result()[0], [b.result()[0] for b in bs], flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_a_worker_waiting_for_a_stolen_call_runs_the_ready_static_tasks_meanwhile(mpirun, tmp_path):
+    """A rank's one worker waits in a task whose long call the idle rank took; five
+    ready static tasks of that rank ran only after it (1.2 + 0.75 s), as if the waiting
+    task held the worker. It runs them meanwhile: about 1.2 s in all."""
+    script = tmp_path / "beside.py"
+    script.write_text(textwrap.dedent(BESIDE_JOB))
+    proc = mpirun(2, [str(script)], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0: values 1.22 [0.15, 0.15, 0.15, 0.15, 0.15]" in proc.stdout, proc.stdout
+    found = re.search(r"rank 0: took ([\d.]+) moved (\d+) ranks (\d)", proc.stdout)
+    assert found, proc.stdout + proc.stderr[-2000:]
+    if int(found.group(2)) and found.group(3) == "1":  # (the case: all on one rank, and
+        assert float(found.group(1)) < 1.7, proc.stdout  # the long call moved; else 1.97)

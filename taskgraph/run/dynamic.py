@@ -16,6 +16,9 @@ worker thread of an :class:`~taskgraph.run.executor.Executor` sets when it start
   in, so the frames nested on one stack never outnumber the depth of the recursion,
   and no thread is ever started. It never deadlocks: the deepest waiter of any chain
   waits for a child that is either running or in the pool and deeper than itself.
+  With nothing deeper (its call was stolen), a shallow waiter runs a ready static
+  task on its stack, once (a static task reads only what has been written: it never
+  waits on the task below it; :meth:`~taskgraph.run.workers.WorkerLoop.run_static_nested`).
 - **Idle workers** take the oldest spawned work, only when no static task is ready
   (the worker loop looks at the pool just before it would sleep).
 - **Implicit join.** A task's children all end before it counts as done; a child's
@@ -633,6 +636,7 @@ class SpawnRunner:
         """The loop of :meth:`wait_for`."""
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
+        worker = _tls.ctx[1] if frames is not None else -1
         with lock:
             while fut.state < DONE:
                 if until is not None and until():
@@ -648,6 +652,10 @@ class SpawnRunner:
                 item = take_deeper(pool, depth)
                 if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
                     continue  # (a thief took it from the board: its result comes back)
+                if item is None and self.may_nest_static(worker, frames):
+                    rung = False
+                    self.run_static_nested(worker, frames)  # (a stop: the loop raises)
+                    continue
                 if item is None:
                     self.spawn_waiting += 1
                     self.wait_depths.append(depth)  # (what a thief here may take)
