@@ -1,8 +1,8 @@
 """``python -m benchmarks all [--quick] [--out DIR]``, or one suite by name.
 
 Suites run one after another (never in parallel: they measure the machine), each
-result is printed as a JSON line, and ``all`` writes ``DIR/<suite>.json`` and then the
-report (``DIR/README.md`` with tables, and PNG plots). ``report`` rebuilds the report
+result is printed as a JSON line, each suite writes ``DIR/<suite>.json``, and ``all``
+then the report (``DIR/README.md`` with tables, and PNG plots). ``report`` rebuilds the report
 from the JSON files alone. DIR is ``benchmarks/results/``, where the committed full
 run lives, or ``benchmarks/results/quick/`` (not committed) for ``--quick``: a
 newcomer's first quick run must not write over the full run's results.
@@ -76,9 +76,10 @@ def main(argv=None) -> None:
             print(f"# suite {name} failed: {type(exc).__name__}: {exc}", flush=True)
             failed.append(name)
             continue
-        print(f"# suite {name} took {time.perf_counter() - t1:.0f} s", flush=True)
-        if args.what == "all" or not args.quick:
-            (args.out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+        path = args.out / f"{name}.json"  # (a quick run's folder is its own: see out_dir)
+        path.write_text(json.dumps(results, indent=1) + "\n")
+        took = time.perf_counter() - t1
+        print(f"# suite {name} took {took:.0f} s; results in {path}", flush=True)
     if args.what == "all":
         from benchmarks.report import write_report
 

@@ -3,6 +3,7 @@ a run's results go (the committed full run must survive a newcomer's quick run).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT))  # benchmarks/ is a folder of the repository, not installed
 
+from benchmarks import __main__ as bench_main
 from benchmarks import comm
 from benchmarks.__main__ import RESULTS, out_dir
 
@@ -28,6 +30,14 @@ def test_a_quick_run_writes_beside_the_committed_full_run_not_over_it():
     assert out_dir(None, quick=True) == RESULTS / "quick"
     assert out_dir(None, quick=True) != RESULTS
     assert out_dir(Path("elsewhere"), quick=True) == Path("elsewhere")
+
+
+def test_one_quick_suite_writes_its_results_where_out_says(tmp_path, monkeypatch, capsys):
+    """``--out`` said "where results go" and a single --quick suite wrote nothing."""
+    monkeypatch.setattr(bench_main, "run_suite", lambda name, quick: [{"suite": name}])
+    bench_main.main(["dynamic", "--quick", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "dynamic.json").read_text()) == [{"suite": "dynamic"}]
+    assert str(tmp_path / "dynamic.json") in capsys.readouterr().out
 
 
 def test_quick_results_are_ignored_by_git():
