@@ -162,6 +162,19 @@ def test_an_uncaught_error_deep_in_a_tree_fails_the_run_at_once_not_after_the_tr
     assert k.result() == [1, 1, 1]
 
 
+@tg.task(process=True)
+def spawns_in_a_process() -> int:
+    return tg.spawn(slow_square, 2).result()
+
+
+def test_spawning_in_a_process_task_says_why_it_cannot():
+    """It said "works inside a running task only" from a task that was running."""
+    with tg.Graph("in a process") as g:
+        spawns_in_a_process()
+    with pytest.raises(tg.TaskError, match="does not work in a process=True task"):
+        run_in_process(g, 1)
+
+
 def slow_square(x: int) -> int:
     time.sleep(0.02 * (x % 3))
     return x * x

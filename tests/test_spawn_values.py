@@ -53,6 +53,14 @@ def test_a_submitted_call_that_exits_is_its_own_failure_not_a_stopped_run():
     assert _stopped(fut)
 
 
+def test_a_spawned_calls_future_says_it_cannot_leave_its_rank():
+    """Returned from a task and read on another rank, it failed with "cannot pickle
+    'module' object", naming nothing."""
+    fut = SpawnFuture(None, print, (5,), {}, 1)
+    with pytest.raises(TypeError, match=r"future of print\(5\) cannot leave this rank"):
+        pickle.dumps(fut)
+
+
 class Coded(Exception):
     def __init__(self, code):
         super().__init__(f"code {code}")

@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 tls = threading.local()  # .ctx: (executor, worker index, frame stack), or None
+in_pool_process = False  # this process runs process=True tasks (taskgraph.run.procpool)
 
 
 class TaskAbandoned(BaseException):

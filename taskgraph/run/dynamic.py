@@ -54,7 +54,7 @@ from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..dsl.nested import readonly_view
 from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
 from ..trace.recorder import TASK_DONE, TASK_FAILED
-from . import attempts
+from . import attempts, context
 from .context import TaskAbandoned
 from .context import tls as _tls
 
@@ -300,6 +300,13 @@ class SpawnFuture(Frame):
         state = ("pending", "running", "done", "failed")[self.state]
         return f"<spawned {self.label()} {state}>"
 
+    def __reduce__(self):
+        raise TypeError(
+            f"the future of {self.label()} cannot leave this rank (a task's value, an "
+            "argument): it lives in the run that spawned it; return or pass its "
+            "result() instead"
+        )
+
 
 def _failure(item: SpawnFuture, exc: BaseException, net: Any) -> tuple:
     """How ``item`` failed with ``exc``, as a SpawnedTaskError's arguments: the
@@ -338,6 +345,12 @@ def _elide(error: str) -> str:
 
 def _context(what: str) -> tuple:
     ctx = getattr(_tls, "ctx", None)
+    if ctx is None and context.in_pool_process:
+        raise RuntimeError(
+            f"{what} does not work in a process=True task: it runs in a process of its "
+            "own, outside the run's workers; spawn from a task without process=True "
+            "(the calls it spawns may take process=True)"
+        )
     if ctx is None:
         raise RuntimeError(
             f"{what} works inside a running task only, on the task's own thread (not on "

@@ -38,6 +38,7 @@ from typing import Any
 import cloudpickle
 
 from ..core.errors import RemoteTraceback
+from . import context
 
 NAME = "taskgraph-proc"  # the pool's processes' names (and their main is left alone)
 _counter = itertools.count(1)
@@ -193,6 +194,7 @@ def _child_start(parent: int) -> None:
     ``parent`` does."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
+    context.in_pool_process = True  # (tg.spawn here says why it cannot)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
 
