@@ -167,6 +167,16 @@ def spawns_in_a_process() -> int:
     return tg.spawn(slow_square, 2).result()
 
 
+def test_a_runs_stats_show_their_counts():
+    """``run.stats`` in a notebook read ``<Stats object at 0x...>``."""
+    with tg.Graph("counted") as g:
+        c = collects(3)
+    run = run_in_process(g, 1)
+    assert c.result()
+    text = repr(run.stats)
+    assert text.startswith("Stats(") and "spawned=3" in text and "steals" not in text
+
+
 def test_spawning_in_a_process_task_says_why_it_cannot():
     """It said "works inside a running task only" from a task that was running."""
     with tg.Graph("in a process") as g:

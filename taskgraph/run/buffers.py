@@ -95,3 +95,9 @@ class Stats:
 
     def as_dict(self) -> dict:
         return dict(vars(self))
+
+    def __repr__(self) -> str:
+        """Its counts, those not zero (a notebook shows ``run.stats`` so)."""
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in vars(self).items() if v)  # fmt: skip
+        return f"Stats({shown})"
