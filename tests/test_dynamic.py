@@ -185,6 +185,30 @@ def test_spawning_in_a_process_task_says_why_it_cannot():
         run_in_process(g, 1)
 
 
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@tg.task
+def returns_beside_a_failed_child() -> int:
+    futs = [tg.spawn(leaf_of, (0,), (0,)), tg.spawn(nap, 0.4)]  # (on the other worker)
+    futs.append(tg.spawn(tree3, 4, (9,)))  # (81 leaves: 1.6 s, none failing)
+    time.sleep(0.1)  # (computing: the failure comes while this task is not waiting)
+    return 1  # (its join: not after the tree too)
+
+
+def test_a_child_that_failed_before_the_join_fails_its_parent_at_once():
+    """The join waited for the first call not ended (0.4 s), running the tree beside it
+    meanwhile (1.6 s), before it saw the failure that came before it began."""
+    with tg.Graph("failed before") as g:
+        returns_beside_a_failed_child()
+    t0 = time.perf_counter()
+    with pytest.raises(tg.TaskError, match=r"RuntimeError: leaf \(0,\)"):
+        run_in_process(g, 2)
+    assert time.perf_counter() - t0 < 0.9
+
+
 def slow_square(x: int) -> int:
     time.sleep(0.02 * (x % 3))
     return x * x

@@ -14,12 +14,17 @@ import numpy as np
 import pytest
 
 from taskgraph.cluster.submit import _stopped
+from taskgraph.run.attempts import AttemptTimeout
 from taskgraph.run.context import TaskAbandoned
 from taskgraph.run.dynamic import (
     FAILED,
+    WROTE,
     SpawnedTaskError,
     SpawnFuture,
     _elide,
+    _wrote_into,
+    dump_original,
+    load_original,
     read_only,
     spawned_error,
 )
@@ -83,6 +88,31 @@ def test_a_spawned_error_is_also_of_its_originals_class_and_survives_pickling():
     assert type(spawned_error(failure, ZeroDivisionError)) is type(
         spawned_error(failure, ZeroDivisionError("x"))
     )  # (only the class came: one class per original class)
+
+
+class TwoArgs(Exception):  # (its pickle cannot rebuild it: args is one string)
+    def __init__(self, a, b):
+        super().__init__(f"{a} {b}")
+
+
+def test_what_a_spawned_error_does_not_become():
+    """Not a StopIteration (a loop over results would end early, silently), not one of
+    the runtime's own (a child's AttemptTimeout blamed the parent), and a child's
+    rewritten "wrote into an array" error is not the parent's own write."""
+    failure = ("f(1)", 0, 1, "vm", "StopIteration", "")
+    assert type(spawned_error(failure, StopIteration())) is SpawnedTaskError
+    assert type(spawned_error(failure, AttemptTimeout("late"))) is SpawnedTaskError
+    wrote = spawned_error(failure, ValueError(f"child(a) wrote into a NumPy array ({WROTE})"))
+    parent = SpawnFuture(None, print, (np.zeros(2),), {}, 1)
+    assert isinstance(wrote, ValueError) and not _wrote_into(wrote, parent)
+    assert _wrote_into(ValueError(WROTE), parent)
+
+
+def test_a_stolen_errors_class_comes_back_where_its_instance_cannot():
+    back = load_original(dump_original(TwoArgs(1, 2)))
+    assert back is TwoArgs  # (the class, apart: the instance needs two arguments)
+    assert isinstance(spawned_error(("f", 0, 1, "vm", "TwoArgs: 1 2", ""), back), TwoArgs)
+    assert isinstance(load_original(dump_original(ValueError("x"))), ValueError)
 
 
 def chain_error(levels: int) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import random
 import re
@@ -26,6 +27,7 @@ from taskgraph.run.steal import (
     _unpack,
     choose_victim,
     hungry_at_start,
+    reuse_key,
     tag_base,
 )
 
@@ -90,6 +92,9 @@ def test_a_computing_rank_whose_messages_all_ring_sleeps_at_the_watchs_pace():
     assert st.next_sleep(0.02, 1.0, 0.02, True, False, computing=None) <= 0.02  # idle
     st.sends = [(None, b"x")]
     assert st.next_sleep(0.02, 1.0, 0.02, True, False, computing=0.05) <= 0.02
+    st.sends, st.asking, st.backoff = [], True, Backoff()  # (workers wait on stolen calls)
+    assert st.next_sleep(0.02, 1.0, 0.02, True, False, computing=0.05) <= 0.02
+    st.asking = False
     st.sends, st.all_rung = [], False  # (a peer on another host: its messages do not ring)
     st.term = Termination(0, 2)
     assert st.next_sleep(0.02, 1.0, 0.02, False, False, computing=0.05) <= 0.02
@@ -115,6 +120,53 @@ def test_a_scripts_function_is_pickled_once_a_run_each_way():
     assert isinstance(blob, bytes) and (args, kwargs) == ((4,), {})
     fn = st._fn_of(blob)
     assert fn(*args) == 12 and st._fn_of(blob) is fn  # (unpickled once, too)
+
+
+_PARAMS = {"scale": 2}
+_STEP = 3
+
+
+def _reads_a_dict(x: int) -> int:
+    return _PARAMS["scale"] * x
+
+
+def _reads_a_number(x: int) -> int:
+    return _STEP * _scripts_own(x)
+
+
+_reads_a_dict.__module__ = _reads_a_number.__module__ = "__main__"
+
+
+@dataclasses.dataclass
+class _Callable:  # (unhashable: eq=True)
+    k: int
+
+    def __call__(self, x: int) -> int:
+        return self.k * x
+
+
+def test_a_scripts_function_is_sent_as_it_reads_now_not_as_it_read_first():
+    """A pickle kept for the run would send what a global held at the first send: a
+    function that reads a dict (or an array, an object) is pickled afresh each time, and
+    rebinding a number it reads (here or in a function of the script it calls) makes a
+    new pickle. An unhashable callable is pickled too (a cache lookup raised on it)."""
+    st = Stealer.__new__(Stealer)
+    st._blobs, st._fns = {}, {}
+    assert reuse_key(_reads_a_dict) is None and reuse_key(_Callable(2)) is None
+
+    def sent(fn, x):
+        item = types.SimpleNamespace(fn=fn, args=(x,), kwargs={}, depth=1)
+        blob, args, _ = _unpack(st._wire(1, item, 0.0)[HEAD.size :])
+        return st._fn_of(blob)(*args) if isinstance(blob, bytes) else blob(*args)
+
+    global _STEP
+    assert sent(_reads_a_dict, 3) == 6 and sent(_reads_a_number, 1) == 9
+    _PARAMS["scale"], _STEP = 5, 4
+    try:
+        assert sent(_reads_a_dict, 3) == 15 and sent(_reads_a_number, 1) == 12
+    finally:
+        _PARAMS["scale"], _STEP = 2, 3
+    assert sent(_Callable(7), 2) == 14
 
 
 def test_stealing_tags_sit_above_every_planned_tag():

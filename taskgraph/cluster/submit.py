@@ -104,7 +104,10 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
         pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
         helping = _helping(pending)
         if helping is not None:  # (a task of that run: it runs their calls meanwhile)
-            helping.owner.wait_any(helping, pause if deadline is not None else POLL_MAX)
+            try:
+                helping.owner.wait_any(helping, pause if deadline is not None else POLL_MAX)
+            except RunError:
+                pass  # (the run stopped: its futures are done now, each yielded)
         else:
             time.sleep(pause)
             sleep = min(POLL_MAX, sleep * 2)

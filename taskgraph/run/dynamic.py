@@ -146,11 +146,15 @@ def spawned_error(failure: tuple, original: Any = None) -> SpawnedTaskError:
 
 
 _KINDS: dict[type, type] = {}
+# never combined: a StopIteration would end a loop over results without an error
+_PLAIN_KINDS = (TaskError, StopIteration, StopAsyncIteration)
 
 
 def _kind(cls: type) -> type:
     """The SpawnedTaskError class that is also a ``cls`` (made once per class)."""
-    if not issubclass(cls, Exception) or issubclass(cls, TaskError):
+    if not issubclass(cls, Exception) or issubclass(cls, _PLAIN_KINDS):
+        return SpawnedTaskError
+    if cls.__module__.split(".")[0] == "taskgraph":  # (its own: AttemptTimeout, RunError)
         return SpawnedTaskError
     kind = _KINDS.get(cls)
     if kind is None:
@@ -163,32 +167,49 @@ def _kind(cls: type) -> type:
     return kind
 
 
-def root_cause(exc: BaseException) -> BaseException | None:
-    """The exception at the bottom of a chain of failed spawned calls."""
-    return exc.original if isinstance(exc, SpawnedTaskError) else exc
+def root_cause(exc: BaseException) -> Any:
+    """The exception at the bottom of a chain of failed spawned calls (or only its
+    class, where the instance could not be rebuilt here)."""
+    if not isinstance(exc, SpawnedTaskError):
+        return exc
+    if exc.original is not None:
+        return exc.original
+    kind = type(exc)
+    return next((b for b in kind.__bases__ if b is not SpawnedTaskError), None)
 
 
-def dump_original(exc: BaseException | None) -> bytes | None:
-    """``exc`` pickled to travel to another rank (by cloudpickle: a script's own class
-    comes back as itself), or only its class, or None."""
-    if exc is None:
+def dump_original(original: Any) -> bytes | None:
+    """An exception (or its class) pickled to travel to another rank, by cloudpickle (a
+    script's own class comes back as itself): the instance and, apart, its class (an
+    instance whose class takes other arguments than its ``args`` cannot be rebuilt)."""
+    if original is None:
         return None
-    for obj in (exc, type(exc)):
+    kind = original if isinstance(original, type) else type(original)
+    parts = []
+    for obj in (original, kind):
         try:
-            return cloudpickle.dumps(obj)
-        except Exception:  # noqa: BLE001 - an unpicklable argument: try the class
-            continue
-    return None
+            parts.append(cloudpickle.dumps(obj))
+        except Exception:  # noqa: BLE001 - an unpicklable argument: the class alone
+            parts.append(None)
+    return pickle.dumps(tuple(parts))
 
 
 def load_original(blob: bytes | None) -> Any:
-    """What :func:`dump_original` made: an exception, its class, or None."""
+    """What :func:`dump_original` made: the exception, else its class, else None."""
     if blob is None:
         return None
     try:
-        return pickle.loads(blob)
-    except Exception:  # noqa: BLE001 - a class this rank cannot import
+        parts = pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - not ours: nothing to rebuild
         return None
+    for part in parts:
+        if part is None:
+            continue
+        try:
+            return pickle.loads(part)
+        except Exception:  # noqa: BLE001 - its class takes other arguments, or is unknown
+            continue
+    return None
 
 
 def _rebuild(task, rank, size, host, error, tb, blob) -> SpawnedTaskError:
@@ -428,8 +449,8 @@ def _wrote_into(exc: BaseException, item: SpawnFuture) -> bool:
     """Whether ``exc`` is NumPy's refusal to write into a read-only array, in a call
     given one (see :func:`read_only`)."""
     try:
-        if not isinstance(exc, ValueError) or WROTE not in str(exc):
-            return False
+        if not isinstance(exc, ValueError) or isinstance(exc, TaskError) or WROTE not in str(exc):
+            return False  # (a child's rewritten error names the child: not this call)
     except Exception:  # noqa: BLE001 - an exception whose text cannot be made
         return False
     return _has_arrays(item.args, item.kwargs)
@@ -470,6 +491,9 @@ def _wait_or_fail(fut: SpawnFuture, futures: list) -> None:
     """Until ``fut`` ends, or one of ``futures`` fails: raise that one's error at once
     (not after the calls before it in the list, nor after the whole tree below them:
     an error 6 levels down a tree of 729 calls came out 18 s late)."""
+    for f in futures:  # (one failed before this wait: at once)
+        if f.state == FAILED:
+            f.result()
     owner = fut.owner
     seen = owner.calls_failed
     while fut.state < DONE:
@@ -759,6 +783,7 @@ class SpawnRunner:
         raised; or such a child failed meanwhile) its children still in this rank's
         pool are dropped, not run: none will be asked for (see :meth:`drop_children`)."""
         children = frame.children
+        failing = failing or any(c.state == FAILED and not c.observed for c in children)
         if failing:
             self.drop_children(frame)
         seen = self.calls_failed

@@ -53,10 +53,12 @@ import struct
 import threading
 import time
 import traceback
+import types
 from typing import Any
 
 import cloudpickle
 
+from ..dsl.graph import TaskFunction
 from . import board as boardlib
 from . import comm as commlib
 from . import doorbell
@@ -96,6 +98,69 @@ def pack(call: tuple, by_name: bool = True) -> bytes:
 
 
 HEAD = struct.Struct("<qqd")  # a call's (key, depth, sent) ahead of its pickle
+
+
+_IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def reuse_key(fn: Any) -> tuple | None:
+    """A key under which the by-value pickle of ``fn`` (a function of the script) may
+    be sent again (a pure decision): the functions of the script it reaches and what
+    they read (globals, defaults, closure cells), each a module, a class, a function
+    or an immutable value, by identity or by value. None where one is anything else
+    (a dict, a list, an array, an object: it may change between two sends, and a
+    pickle made now takes its value now), or ``fn`` is not a plain function."""
+    parts: list = []
+    seen: set[int] = set()
+    todo = [fn]
+    while todo:
+        f = todo.pop()
+        if type(f) is not types.FunctionType:
+            return None
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        parts.append(id(f))
+        g = f.__globals__
+        read = [g[n] for n in _global_names(f.__code__) if n in g]
+        read += [*(f.__defaults__ or ()), *(f.__kwdefaults__ or {}).values()]
+        try:
+            read += [c.cell_contents for c in f.__closure__ or ()]
+        except ValueError:  # (a cell not filled yet)
+            return None
+        for v in read:
+            part = _reuse_part(v, todo)
+            if part is None:
+                return None
+            parts.append(part)
+    return tuple(parts)
+
+
+def _reuse_part(v: Any, todo: list) -> Any:
+    c = v.__class__
+    if c in _IMMUTABLE or (c is tuple and all(x.__class__ in _IMMUTABLE for x in v)):
+        return (c, v)
+    if c is types.FunctionType:
+        if getattr(v, "__module__", None) == "__main__":
+            todo.append(v)  # (by value too: what it reads counts)
+        return id(v)
+    if isinstance(v, TaskFunction) or c.__module__.startswith("numba."):  # (wrappers)
+        inner = getattr(v, "fn", None) or getattr(v, "py_func", None)
+        if getattr(inner, "__module__", None) == "__main__":
+            todo.append(inner)
+        return id(v)
+    if isinstance(v, types.ModuleType | type | types.BuiltinFunctionType):
+        return id(v)
+    return None
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    """The names ``code`` and the code nested in it may read as globals."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _global_names(const)
+    return names
 
 
 def tag_base(tag_ub: int) -> int:
@@ -378,15 +443,19 @@ class Stealer:
         return head + pack((self._fn_blob(fn), item.args, item.kwargs), plain_args)
 
     def _fn_blob(self, fn: Any) -> bytes:
-        """``fn`` pickled by value, once a run: each cloudpickle of a script's function
-        scans sys.modules (380 µs here), which made fib without a cutoff twice as slow
-        on 2 ranks as on 1 (a call laid on the board at nearly every spawn)."""
-        blob = self._blobs.get(fn)
+        """``fn`` pickled by value, once a run while what it reads stays the same (see
+        :func:`reuse_key`): each cloudpickle of a script's function scans sys.modules
+        (380 µs here), which made fib without a cutoff twice as slow on 2 ranks as on
+        1 (a call laid on the board at nearly every spawn)."""
+        key = reuse_key(fn)
+        if key is None:  # (it reads a value that may change: its pickle takes it now)
+            return cloudpickle.dumps(fn, protocol=5)
+        blob = self._blobs.get(key)
         if blob is None:
             blob = cloudpickle.dumps(fn, protocol=5)
             if len(self._blobs) >= FN_CACHE:  # (a new lambda a call: no reuse, no growth)
                 self._blobs.clear()
-            self._blobs[fn] = blob
+            self._blobs[key] = blob
         return blob
 
     def _fn_of(self, blob: bytes) -> Any:
@@ -670,7 +739,7 @@ class Stealer:
         if self.asking and self.outstanding is None:  # (an attempt is due at next_at)
             cap = min(cap, max(commlib.FIRST_SLEEP, self.backoff.next_at - time.perf_counter()))
         if self.all_rung:  # every stealing message comes with a ring
-            if computing is not None and not planned and not self.sends:
+            if computing is not None and not planned and not self.sends and not self.asking:
                 return computing  # (nothing to poll for: each message wakes it)
             return commlib.next_sleep(sleep, waited if planned else 1.0, cap)
         if self.outstanding is not None or (self.term.finished and not self.term.closed):

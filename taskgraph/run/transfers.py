@@ -324,6 +324,8 @@ class Transfers:
                 woken += count_down(msg.release)
             if woken and self.owner.waiting:
                 lock.notify(woken)
+            if woken and self.owner.spawn_waiting:  # (see WorkerLoop.run_static_nested)
+                self.owner.spawn_cv.notify_all()
         finally:
             lock.release()
         return True
@@ -458,6 +460,8 @@ class Transfers:
                 woken += count_down(entry[0].consumers)
             if woken and self.owner.waiting:
                 lock.notify(woken)
+            if woken and self.owner.spawn_waiting:  # (see WorkerLoop.run_static_nested)
+                self.owner.spawn_cv.notify_all()
         finally:
             lock.release()
         return True

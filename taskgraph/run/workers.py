@@ -31,7 +31,7 @@ from .tuning import BOUNDARY_POLLS
 
 # a waiting worker runs a ready static task on its stack only this shallow (the task's
 # own calls may nest NEST_LIMIT deep above it: the interpreter's stack holds both)
-NEST_STATIC_BELOW = 8
+NEST_STATIC_BELOW = 2
 
 
 def _new_buffer(datum) -> np.ndarray:
@@ -191,6 +191,8 @@ class WorkerLoop:
             self._frames[index] = frames
             self._nested_static[index] -= 1
         self.current[index], self.started[index] = outer
+        if self.sched.ready and self.waiting:  # (_finish left one for this worker)
+            self.lock.notify(len(self.sched.ready))
         return ok
 
     def may_nest_static(self: Any, index: int, frames: list) -> bool:
@@ -321,6 +323,8 @@ class WorkerLoop:
             tr.release_reads(task.reads)
         if woken > 1 and self.waiting:
             self.lock.notify(woken - 1)  # this worker takes one itself
+        if woken and self.spawn_waiting:  # (a worker waiting in a spawned call may run one)
+            self.spawn_cv.notify_all()
         if not sent and t in self.plan.sends:
             tr.outbox.append(t)  # the worker posts them itself if it can (see _worker)
             if self.net.size == 1:
