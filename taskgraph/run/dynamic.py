@@ -781,24 +781,38 @@ class SpawnRunner:
         """Wait for every child of ``frame`` to end; raise the error of the first
         failed one its parent never asked for. Once ``frame`` fails (``failing``: it
         raised; or such a child failed meanwhile) its children still in this rank's
-        pool are dropped, not run: none will be asked for (see :meth:`drop_children`)."""
+        pool are dropped, not run: none will be asked for (see :meth:`drop_children`);
+        those running are not waited for (:meth:`orphan_children`)."""
         children = frame.children
         failing = failing or any(c.state == FAILED and not c.observed for c in children)
         if failing:
             self.drop_children(frame)
+            self.orphan_children(frame)
         seen = self.calls_failed
         for c in children:
-            while c.state < DONE:
-                self.wait_for(c, None if failing else lambda seen=seen: self.calls_failed != seen)
+            while c.state < DONE and not failing:
+                self.wait_for(c, lambda seen=seen: self.calls_failed != seen)
                 seen = self.calls_failed
                 if not failing and any(x.state == FAILED and not x.observed for x in children):
                     failing = True
                     self.drop_children(frame)
+                    self.orphan_children(frame)
         frame.children = []
         for c in children:
             if c.state == FAILED and not c.observed:
                 c.observed = True
                 raise c.error()
+
+    def orphan_children(self: Any, frame: Frame) -> None:
+        """The children of the failed ``frame`` still running (on another worker, or a
+        thief: a subtree 8 s long kept an error from the run on 3 ranks) are not waited
+        for: the error goes up now. The rank's tasks count as done only once they have
+        ended (their results are still due: see the executor's ``orphans``)."""
+        with self.lock:
+            for c in frame.children:
+                if c.state < DONE:
+                    c.observed = True  # (its error, if it fails, is no one's to raise)
+                    self.orphans.add(id(c))
 
     def drop_children(self: Any, frame: Frame) -> None:
         """The children of the failed ``frame`` still in this rank's pool: out of it,
@@ -862,6 +876,10 @@ class SpawnRunner:
             self.calls_ended += 1
             if failure is not None:
                 self.calls_failed += 1
+            if self.orphans and id(item) in self.orphans:
+                self.orphans.discard(id(item))
+                if not self.orphans:
+                    self.wake.set()  # (the rank's tasks may be done now)
             if self.spawn_waiting:
                 self.spawn_cv.notify_all()
             if item.submitted:

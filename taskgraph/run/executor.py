@@ -178,6 +178,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.spawn_waiting = 0
         self.calls_ended = 0  # spawned calls that ended here (tg.as_completed waits on it)
         self.calls_failed = 0  # ... of them failed (tg.wait and the join raise at once)
+        self.orphans: set[int] = set()  # ids of calls running whose failed parent went on
         self.spawned_running = 0
         self.wait_depths: list[int] = []
         self.accepting = open
@@ -381,6 +382,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 failed = self.failure is not None
                 all_done = sched.done == sched.ntasks
                 all_done = all_done and not self.accepting and not self.submitted_left
+                all_done = all_done and not self.orphans  # (their results are still due)
                 pollers = self.pollers
                 if steal is not None:  # every worker waits, and none has work here
                     depth = idle_depth(
