@@ -126,12 +126,13 @@ def spawned_error(failure: tuple, original: Any = None) -> SpawnedTaskError:
     """The error of a call that failed as ``failure`` (a SpawnedTaskError's arguments),
     of the class that is also ``original``'s (an exception, or only its class), with
     the original's attributes; a plain SpawnedTaskError where they do not combine."""
-    kind = original if isinstance(original, type) else type(original)
     err: SpawnedTaskError | None = None
-    try:
-        err = _kind(kind)(*failure[:6]) if original is not None else None
-    except Exception:  # noqa: BLE001 - an exotic class: the plain error still names it
-        pass
+    if original is not None:
+        kind = original if isinstance(original, type) else type(original)
+        try:
+            err = _kind(kind)(*failure[:6])
+        except Exception:  # noqa: BLE001 - an exotic class: the plain error still names it
+            pass
     if err is None:
         err = SpawnedTaskError(*failure[:6])
     if isinstance(original, BaseException):
@@ -479,29 +480,20 @@ def wait(futures: Iterable[SpawnFuture]) -> list:
     raises a failed one's :class:`SpawnedTaskError` as soon as one has failed (the
     first in the list, of those failed by then)."""
     futures = list(futures)
+    looked: dict[int, int] = {}  # run -> its failed calls when this wait last looked
     values = []
     for f in futures:
-        if f.state < DONE:
-            _wait_or_fail(f, futures)
+        while f.state < DONE:  # (until it ends, or one of them fails: raised at once,
+            owner = f.owner  # not after the tree below the calls before it: an error
+            failed = owner.calls_failed  # 6 levels down 729 calls came out 18 s late)
+            if looked.get(id(owner)) != failed:
+                looked[id(owner)] = failed
+                for g in futures:
+                    if g.state == FAILED:
+                        g.result()  # (raises)
+            owner.wait_for(f, lambda o=owner, n=failed: o.calls_failed != n)
         values.append(f.result())
     return values
-
-
-def _wait_or_fail(fut: SpawnFuture, futures: list) -> None:
-    """Until ``fut`` ends, or one of ``futures`` fails: raise that one's error at once
-    (not after the calls before it in the list, nor after the whole tree below them:
-    an error 6 levels down a tree of 729 calls came out 18 s late)."""
-    for f in futures:  # (one failed before this wait: at once)
-        if f.state == FAILED:
-            f.result()
-    owner = fut.owner
-    seen = owner.calls_failed
-    while fut.state < DONE:
-        owner.wait_for(fut, lambda seen=seen: owner.calls_failed != seen)
-        seen = owner.calls_failed
-        for f in futures:
-            if f.state == FAILED:
-                f.result()  # (raises)
 
 
 def take_deeper(pool: deque, depth: int) -> SpawnFuture | None:
@@ -673,7 +665,6 @@ class SpawnRunner:
         """The loop of :meth:`wait_for`."""
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
-        worker = _tls.ctx[1] if frames is not None else -1
         with lock:
             while fut.state < DONE:
                 if until is not None and until():
@@ -689,10 +680,12 @@ class SpawnRunner:
                 item = take_deeper(pool, depth)
                 if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
                     continue  # (a thief took it from the board: its result comes back)
-                if item is None and self.may_nest_static(worker, frames):
-                    rung = False
-                    self.run_static_nested(worker, frames)  # (a stop: the loop raises)
-                    continue
+                if item is None and self.sched.ready:
+                    worker = _tls.ctx[1]
+                    if self.may_nest_static(worker, frames):
+                        rung = False
+                        self.run_static_nested(worker, frames)  # (a stop: the loop raises)
+                        continue
                 if item is None:
                     self.spawn_waiting += 1
                     self.wait_depths.append(depth)  # (what a thief here may take)
@@ -781,59 +774,49 @@ class SpawnRunner:
         """Wait for every child of ``frame`` to end; raise the error of the first
         failed one its parent never asked for. Once ``frame`` fails (``failing``: it
         raised; or such a child failed meanwhile) its children still in this rank's
-        pool are dropped, not run: none will be asked for (see :meth:`drop_children`);
-        those running are not waited for (:meth:`orphan_children`)."""
+        pool are dropped, not run, and those running are not waited for: none will be
+        asked for (see :meth:`let_go_children`)."""
         children = frame.children
         failing = failing or any(c.state == FAILED and not c.observed for c in children)
-        if failing:
-            self.drop_children(frame)
-            self.orphan_children(frame)
-        seen = self.calls_failed
         for c in children:
             while c.state < DONE and not failing:
-                self.wait_for(c, lambda seen=seen: self.calls_failed != seen)
                 seen = self.calls_failed
-                if not failing and any(x.state == FAILED and not x.observed for x in children):
-                    failing = True
-                    self.drop_children(frame)
-                    self.orphan_children(frame)
+                self.wait_for(c, lambda n=seen: self.calls_failed != n)
+                if self.calls_failed != seen:
+                    failing = any(x.state == FAILED and not x.observed for x in children)
+        if failing:
+            self.let_go_children(frame)
         frame.children = []
         for c in children:
             if c.state == FAILED and not c.observed:
                 c.observed = True
                 raise c.error()
 
-    def orphan_children(self: Any, frame: Frame) -> None:
-        """The children of the failed ``frame`` still running (on another worker, or a
-        thief: a subtree 8 s long kept an error from the run on 3 ranks) are not waited
-        for: the error goes up now. The rank's tasks count as done only once they have
-        ended (their results are still due: see the executor's ``orphans``)."""
-        with self.lock:
-            for c in frame.children:
-                if c.state < DONE:
-                    c.observed = True  # (its error, if it fails, is no one's to raise)
-                    self.orphans.add(id(c))
-
-    def drop_children(self: Any, frame: Frame) -> None:
-        """The children of the failed ``frame`` still in this rank's pool: out of it,
-        FAILED (observed: nobody raises them), never run. Those running, here or on
-        a thief, are waited for."""
+    def let_go_children(self: Any, frame: Frame) -> None:
+        """The failed ``frame``'s children that have not ended: those still in this
+        rank's pool leave it, FAILED, never run; those running (on another worker, or
+        a thief: a subtree 8 s long kept an error from the run on 3 ranks) are not
+        waited for, and the rank's tasks count as done only once they have ended (see
+        the executor's ``orphans``). None of their errors is anyone's to raise."""
         net = self.net
         why = f"RunError: not run: {frame.label()} failed first"
         with self.lock:
-            drop = [c for c in frame.children if c.state == PENDING]
-            if not drop:
+            left = [c for c in frame.children if c.state < DONE]
+            if not left:
                 return
-            ids = {id(c) for c in drop}
-            kept = [x for x in self.spool if id(x) not in ids]
-            self.spool.clear()  # (in place: waiters hold this deque)
-            self.spool.extend(kept)
-            for c in drop:
-                if c.slot >= 0 and not self.steal.unpublish(c):
-                    continue  # (a thief took it: RUNNING there, its result comes)
-                c.state, c.observed = FAILED, True
-                c.failure = (c.label(), net.rank, net.size, net.host, why, "")
-                self.calls_ended += 1
+            drop = {id(c) for c in left if c.state == PENDING}
+            if drop:
+                kept = [x for x in self.spool if id(x) not in drop]
+                self.spool.clear()  # (in place: waiters hold this deque)
+                self.spool.extend(kept)
+            for c in left:
+                c.observed = True
+                if id(c) in drop and (c.slot < 0 or self.steal.unpublish(c)):
+                    c.state = FAILED
+                    c.failure = (c.label(), net.rank, net.size, net.host, why, "")
+                    self.calls_ended += 1
+                else:  # (running: here, or on a thief that took it, from the board too)
+                    self.orphans.add(id(c))
             self.spawn_cv.notify_all()
 
     def join_root(self: Any, index: int) -> None:

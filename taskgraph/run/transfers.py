@@ -322,10 +322,8 @@ class Transfers:
             for msg, posted, nbytes in finished:
                 self.trace.message(msg.dst, nbytes, msg.tag, posted, +1)
                 woken += count_down(msg.release)
-            if woken and self.owner.waiting:
-                lock.notify(woken)
-            if woken and self.owner.spawn_waiting:  # (see WorkerLoop.run_static_nested)
-                self.owner.spawn_cv.notify_all()
+            if woken:
+                self.owner.released(woken)
         finally:
             lock.release()
         return True
@@ -458,10 +456,8 @@ class Transfers:
             for entry in finished:
                 self.deliver(entry, done_at, values)
                 woken += count_down(entry[0].consumers)
-            if woken and self.owner.waiting:
-                lock.notify(woken)
-            if woken and self.owner.spawn_waiting:  # (see WorkerLoop.run_static_nested)
-                self.owner.spawn_cv.notify_all()
+            if woken:
+                self.owner.released(woken)
         finally:
             lock.release()
         return True

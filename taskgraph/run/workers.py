@@ -167,13 +167,22 @@ class WorkerLoop:
             lock.acquire()
         return True
 
-    def run_static_nested(self: Any, index: int, frames: list) -> bool:
+    def released(self: Any, woken: int, keep: int = 0) -> None:
+        """``woken`` static tasks became ready (lock held): wake idle workers for them,
+        less the ``keep`` this thread runs itself, and the workers waiting in a spawned
+        call, which may run one meanwhile (see :meth:`run_static_nested`)."""
+        if woken > keep and self.waiting:
+            self.lock.notify(woken - keep)
+        if self.spawn_waiting:
+            self.spawn_cv.notify_all()
+
+    def run_static_nested(self: Any, index: int, frames: list) -> None:
         """Worker ``index``, waiting in a spawned call (``frames``: its stack) with no
         deeper call to run, runs a ready static task on its stack, under a frame stack
         of its own (the wait goes on after it): a waiting task never holds a worker
         idle while other work is runnable (a rank of one worker whose call was stolen
-        sat 1.5 s beside five ready tasks). Lock held on entry and exit; False when the
-        run stops (the task failed)."""
+        sat 1.5 s beside five ready tasks). Lock held on entry and exit; a failure
+        stops the run, which the wait sees next."""
         t = self.sched.pop()
         self._running += 1
         outer = self.current[index], self.started[index]
@@ -185,7 +194,7 @@ class WorkerLoop:
         context.enter_worker(self, index, own)
         self.lock.release()
         try:
-            ok = self._run_task(index, t, start)  # (lock held when it returns)
+            self._run_task(index, t, start)  # (lock held when it returns)
         finally:
             context.enter_worker(self, index, frames)
             self._frames[index] = frames
@@ -193,7 +202,6 @@ class WorkerLoop:
         self.current[index], self.started[index] = outer
         if self.sched.ready and self.waiting:  # (_finish left one for this worker)
             self.lock.notify(len(self.sched.ready))
-        return ok
 
     def may_nest_static(self: Any, index: int, frames: list) -> bool:
         """Whether worker ``index``, waiting with ``frames`` on its stack and nothing
@@ -321,10 +329,8 @@ class WorkerLoop:
         woken = sched.count_down(self.plan.successors[t])
         if tr.refs:  # received data this task was among the last to read
             tr.release_reads(task.reads)
-        if woken > 1 and self.waiting:
-            self.lock.notify(woken - 1)  # this worker takes one itself
-        if woken and self.spawn_waiting:  # (a worker waiting in a spawned call may run one)
-            self.spawn_cv.notify_all()
+        if woken:
+            self.released(woken, keep=1)  # this worker takes one itself
         if not sent and t in self.plan.sends:
             tr.outbox.append(t)  # the worker posts them itself if it can (see _worker)
             if self.net.size == 1:
