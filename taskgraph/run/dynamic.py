@@ -74,11 +74,14 @@ def call_label(fn: Callable, args: tuple, kwargs: dict) -> str:
     """A readable name of the call ``fn(*args, **kwargs)``: ``fib(19)`` (long
     arguments cut short)."""
     name = getattr(getattr(fn, "fn", fn), "__name__", None) or repr(fn)
-    parts = [_brief(a) for a in args] + [f"{k}={_brief(v)}" for k, v in kwargs.items()]
+    parts: Iterable[str] = map(_brief, args)
+    if kwargs:
+        parts = [*parts, *(f"{k}={_brief(v)}" for k, v in kwargs.items())]
     return f"{name}({', '.join(parts)})"
 
 
 _NUMBERS = frozenset({int, float, bool, type(None)})
+_all_numbers = _NUMBERS.issuperset
 
 
 def _brief(a: Any) -> str:
@@ -89,10 +92,11 @@ def _brief(a: Any) -> str:
         text = repr(a)
         if len(text) <= _short.maxother:
             return text
-    elif c is tuple and 1 < len(a) <= _short.maxtuple and all(x.__class__ in _NUMBERS for x in a):
-        texts = [repr(x) for x in a]
-        if all(len(t) <= _short.maxother for t in texts):
-            return f"({', '.join(texts)})"
+    elif c is tuple and 1 < len(a) <= _short.maxtuple and _all_numbers(map(type, a)):
+        text = repr(a)  # (its parts, split at ", ", as long as reprlib keeps them whole)
+        most = _short.maxother
+        if len(text) <= most + 2 or max(map(len, text[1:-1].split(", "))) <= most:
+            return text
     return _short.repr(a)
 
 
