@@ -182,6 +182,9 @@ def test_an_adaptive_ensemble_submits_from_the_notebook_to_engines(engines):
     with pytest.raises(tg.TaskError, match=r"_bad\(7\) on rank \d/2 .*deliberate 7") as info:
         failing.result(timeout=30)
     assert "_bad" in info.value.traceback and isinstance(failing.exception(), tg.TaskError)
+    # (this module's function went by value: its file and line, not "<dynamic-code>")
+    assert 'test_submit.py", line' in info.value.traceback, info.value.traceback
+    assert 'raise ValueError(f"deliberate {x}")' in info.value.traceback
     assert isinstance(failing.exception(), ValueError)  # (its own class, in the notebook too)
     assert run.submit(_square, 5).result(timeout=30) == 25 and run.state() == "running"
     run.wait(30)

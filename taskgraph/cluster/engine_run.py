@@ -32,8 +32,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-import cloudpickle
-
+from ..core import pickling
 from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.graph import Graph
@@ -110,7 +109,7 @@ class EngineRun(RunHandle):
         ]
         self._own_graph()
         _settle_ended_runs()  # (their holds off the data: their values go with this plan)
-        payload = cloudpickle.dumps(
+        payload = pickling.dumps(
             (self.plan, workers, blas_threads, trace, task_timeout, open, options)
         )
         self.payload_bytes = len(payload)
@@ -174,7 +173,7 @@ class EngineRun(RunHandle):
         check_values(fn, args, kwargs, "run.submit")
         n, self._submitted = self._submitted, self._submitted + 1
         key, rank = f"s{n:08d}", n % self.cluster.size
-        calls = cloudpickle.dumps([(key, fn, args, kwargs)])
+        calls = pickling.dumps([(key, fn, args, kwargs)])
         engine = self.cluster.client[self.cluster.engine_ids[rank]]
         sent = engine.apply_async(engine_side.submit_calls, self.id, calls)
         return EngineFuture(self, key, rank, call_label(fn, args, kwargs), sent)

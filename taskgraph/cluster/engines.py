@@ -46,10 +46,9 @@ import weakref
 from collections import deque
 from pathlib import Path
 
-import cloudpickle
 import numpy as np
 
-from ..core import config
+from ..core import config, pickling
 from ..core.errors import RunError
 from ..dsl.graph import Graph
 from ..dsl.options import parse_memory
@@ -358,7 +357,7 @@ class EngineCluster(Cluster, kind="engines"):
     def build_matrix(self, matrix, fill) -> None:
         """Make ``matrix``'s tiles on the engines that own them, filled by
         ``fill(i, j, shape)`` (as made if None); they are dropped when ``matrix`` is freed."""
-        payload = cloudpickle.dumps(fill) if fill is not None else None
+        payload = pickling.dumps(fill) if fill is not None else None
         self._wait(self.view.apply_async(engine_side.build_matrix, matrix.spec(), payload))
         matrix.generation = self.generation
         weakref.finalize(matrix, _forget, weakref.ref(self), matrix.uid)

@@ -47,9 +47,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import cloudpickle
 import numpy as np
 
+from ..core import pickling
 from ..core.errors import RemoteTraceback, RunError, TaskError
 from ..dsl.nested import readonly_view
 from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
@@ -190,10 +190,10 @@ def dump_original(original: Any) -> bytes | None:
     if original is None:
         return None
     kind = original if isinstance(original, type) else type(original)
-    parts = []
+    parts: list[bytes | None] = []
     for obj in (original, kind):
         try:
-            parts.append(cloudpickle.dumps(obj))
+            parts.append(pickling.dumps(obj))
         except Exception:  # noqa: BLE001 - an unpicklable argument: the class alone
             parts.append(None)
     return pickle.dumps(tuple(parts))

@@ -37,6 +37,7 @@ from typing import Any
 
 import cloudpickle
 
+from ..core import pickling
 from ..core.errors import RemoteTraceback
 from . import context
 
@@ -150,7 +151,7 @@ def submit(
     is (value, started, ended) (see :func:`result`). ProcessCallError naming task
     ``label`` if the call does not pickle."""
     try:
-        payload = cloudpickle.dumps((fn, args, kwargs), protocol=5)
+        payload = pickling.dumps((fn, args, kwargs), protocol=5)
     except Exception as exc:  # (anything pickling raises)
         raise ProcessCallError(
             f"task {label} (process=True): its function and arguments must pickle to "

@@ -56,8 +56,7 @@ import traceback
 import types
 from typing import Any
 
-import cloudpickle
-
+from ..core import pickling
 from ..dsl.graph import TaskFunction
 from . import board as boardlib
 from . import comm as commlib
@@ -94,7 +93,7 @@ def pack(call: tuple, by_name: bool = True) -> bytes:
             return pickle.dumps(call, protocol=5)
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
-    return cloudpickle.dumps(call, protocol=5)
+    return pickling.dumps(call, protocol=5)
 
 
 HEAD = struct.Struct("<qqd")  # a call's (key, depth, sent) ahead of its pickle
@@ -449,10 +448,10 @@ class Stealer:
         1 (a call laid on the board at nearly every spawn)."""
         key = reuse_key(fn)
         if key is None:  # (it reads a value that may change: its pickle takes it now)
-            return cloudpickle.dumps(fn, protocol=5)
+            return pickling.dumps(fn, protocol=5)
         blob = self._blobs.get(key)
         if blob is None:
-            blob = cloudpickle.dumps(fn, protocol=5)
+            blob = pickling.dumps(fn, protocol=5)
             if len(self._blobs) >= FN_CACHE:  # (a new lambda a call: no reuse, no growth)
                 self._blobs.clear()
             self._blobs[key] = blob
