@@ -24,6 +24,65 @@ from taskgraph.cluster.launch import python_command, run_ranks
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 
+# MPI's shared-memory segments (MPICH; Open MPI 4 and 5): a job killed hard (SIGKILL, as
+# a node failure or the OOM killer would) leaves its own in /dev/shm, where they hold RAM
+SHM_PATTERNS = ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
+_shm_removed: list[tuple[str, int]] = []  # (test, segments) that the guard removed
+
+
+def mpi_segments() -> set[Path]:
+    """This user's MPI shared-memory segments in /dev/shm."""
+    shm = Path("/dev/shm")
+    found = set()
+    for pattern in SHM_PATTERNS:
+        for path in shm.glob(pattern):
+            with contextlib.suppress(OSError):
+                if path.stat().st_uid == os.getuid():
+                    found.add(path)
+    return found
+
+
+def _mapped(paths: set[Path]) -> set[Path]:
+    """Those of ``paths`` that a live process maps."""
+    names = {str(p) for p in paths}
+    hit = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            maps = (entry / "maps").read_text()
+        except OSError:
+            continue
+        hit.update(n for n in names if n in maps)
+    return {p for p in paths if str(p) in hit}
+
+
+@pytest.fixture(autouse=True)
+def _mpi_segments_removed(request):
+    """After each test, the MPI segments it left behind (made meanwhile, mapped by no
+    live process) are removed, and counted for the session's report: a job its test
+    killed on purpose cannot remove its own."""
+    before = mpi_segments()
+    yield
+    new = mpi_segments() - before
+    if not new:
+        return
+    left = new - _mapped(new)
+    for path in left:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    if left:
+        _shm_removed.append((request.node.nodeid, len(left)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _shm_removed:
+        total = sum(n for _, n in _shm_removed)
+        terminalreporter.write_line(
+            f"MPI shared-memory segments left by killed jobs, removed: {total} "
+            f"({', '.join(f'{t} ({n})' for t, n in _shm_removed)})"
+        )
+
 
 def _clean_env(**extra) -> dict:
     env = {
