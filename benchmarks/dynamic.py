@@ -20,7 +20,9 @@ fraction of a core (``cpu_fraction_by_rank``); ``steals`` and their median laten
 (taskgraph.run.steal), with theirs (from the push: not in the steal latency).
 
 Also: ``dynamic_loaded``, UTS on 2 ranks while a busy loop pinned to CPU 0 shares the
-first rank's core, against the unloaded time (and the pool under the same load);
+first rank's core, against the unloaded time (and the pool under the same load), with
+the least that ratio can be where the kernel shares that core fairly
+(``fair_share_bound``: 4/3 with 2 ranks on 2 cores);
 ``dynamic_idle_cpu``, the CPU of a rank with nothing to do while another runs one
 long leaf (a static graph of one task, so it is measured with or without spawn); and
 ``dynamic_targets``, the issue's targets with the measured values (``applies``: false
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import common, leaves
+from taskgraph.core import config
 
 REPEAT = 3  # best of, for every measurement
 POOL = 2  # the process pool's processes: the reference machine's cores
@@ -420,10 +423,19 @@ def loaded(p: Program, rows: list[dict], pool: ProcessPoolExecutor, spawn: bool,
         row["seconds"] = got["seconds"]
         row["unloaded_seconds"] = unloaded["seconds"]
         row["vs_unloaded"] = round(got["seconds"] / unloaded["seconds"], 3)
+        row["fair_share_bound"] = fair_share_bound(2, config.cores())
         row["value_ok"] = got["value_ok"]
     else:
         row["taskgraph"] = got.get("taskgraph", unloaded.get("taskgraph"))
     return common.emit(row)
+
+
+def fair_share_bound(ranks: int, cores: int) -> float:
+    """The least loaded-over-unloaded time ``ranks`` ranks can reach with a busy loop on
+    one of ``cores`` CPUs, if the kernel shares that CPU fairly: where every core has a
+    rank, they have ``cores - 0.5`` cores' time for the work ``min(ranks, cores)`` did."""
+    busy = min(ranks, cores)
+    return round(busy / (cores - 0.5), 3) if ranks >= cores else 1.0
 
 
 def idle_cpu(quick: bool, timeout: float) -> dict:
@@ -461,6 +473,8 @@ def targets(rows: list[dict], idle: dict, load: dict, quick: bool = False) -> di
     out["idle_cpu"] = _target(idle_v, IDLE_CPU_TARGET, idle_v is not None and idle_v <= 0.05)
     lv = load.get("vs_unloaded")
     out["uts_loaded"] = _target(lv, LOADED_TARGET, lv is not None and lv <= LOADED_TARGET)
+    if "fair_share_bound" in load:  # (a target below it cannot be met on this machine)
+        out["uts_loaded"]["fair_share_bound"] = load["fair_share_bound"]
     lat = [r["steal_latency_median_us"] for r in two.values() if r.get("steals")]
     worst = max(lat) if lat else None  # (the largest of the programs' medians)
     out["steal_latency_us"] = _target(worst, 100, worst is not None and worst <= 100)

@@ -125,6 +125,17 @@ def test_the_targets_say_they_do_not_apply_at_the_quick_sizes():
     assert not quick["applies"] and "full sizes" in quick["note"]
 
 
+def test_the_loaded_target_is_shown_beside_the_fair_share_bound():
+    # 2 ranks on 2 cores, one shared with a busy loop: 1.5 cores do 2 cores' work
+    assert dynamic.fair_share_bound(2, 2) == 1.333
+    assert dynamic.fair_share_bound(2, 4) == 1.0  # (a rank moves to a free core)
+    assert dynamic.fair_share_bound(4, 4) == round(4 / 3.5, 3)
+    rows = [{"program": "uts", "ranks": 2, "seconds": 1.0, "speedup_vs_serial": 1.9, "vs_pool": 1}]
+    load = {"vs_unloaded": 1.331, "fair_share_bound": 1.333}
+    got = dynamic.targets(rows, {}, load)["uts_loaded"]
+    assert got == {"value": 1.331, "target": 1.3, "ok": False, "fair_share_bound": 1.333}
+
+
 @pytest.mark.timeout(30)
 def test_the_busy_loop_is_gone_after_its_block():
     with dynamic.BusyLoop(0) as busy:
