@@ -20,57 +20,22 @@ from pathlib import Path
 import pytest
 
 from taskgraph.cluster.launch import python_command, run_ranks
+from taskgraph.core.files import mpi_segments, remove_left_segments
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 
-# MPI's shared-memory segments (MPICH; Open MPI 4 and 5): a job killed hard (SIGKILL, as
-# a node failure or the OOM killer would) leaves its own in /dev/shm, where they hold RAM
-SHM_PATTERNS = ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
-_shm_removed: list[tuple[str, int]] = []  # (test, segments) that the guard removed
-
-
-def mpi_segments() -> set[Path]:
-    """This user's MPI shared-memory segments in /dev/shm."""
-    shm = Path("/dev/shm")
-    found = set()
-    for pattern in SHM_PATTERNS:
-        for path in shm.glob(pattern):
-            with contextlib.suppress(OSError):
-                if path.stat().st_uid == os.getuid():
-                    found.add(path)
-    return found
-
-
-def _mapped(paths: set[Path]) -> set[Path]:
-    """Those of ``paths`` that a live process maps."""
-    names = {str(p) for p in paths}
-    hit = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            maps = (entry / "maps").read_text()
-        except OSError:
-            continue
-        hit.update(n for n in names if n in maps)
-    return {p for p in paths if str(p) in hit}
+_shm_removed: list[tuple[str, int]] = []  # (test, MPI segments) that the guard removed
 
 
 @pytest.fixture(autouse=True)
 def _mpi_segments_removed(request):
-    """After each test, the MPI segments it left behind (made meanwhile, mapped by no
-    live process) are removed, and counted for the session's report: a job its test
-    killed on purpose cannot remove its own."""
+    """After each test, the MPI segments in /dev/shm it left behind (made meanwhile,
+    mapped by no live process) are removed, and counted for the session's report: a
+    job that its test killed on purpose, launcher and all, cannot remove its own."""
     before = mpi_segments()
     yield
-    new = mpi_segments() - before
-    if not new:
-        return
-    left = new - _mapped(new)
-    for path in left:
-        with contextlib.suppress(OSError):
-            path.unlink()
+    left = remove_left_segments(before)
     if left:
         _shm_removed.append((request.node.nodeid, len(left)))
 

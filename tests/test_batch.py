@@ -135,9 +135,14 @@ def test_a_rank_that_dies_ends_the_job(mpirun, tmp_path):
         print("UNREACHABLE")
     """)
     )
+    from taskgraph.core.files import mpi_segments
+
+    before = mpi_segments()
     proc = mpirun(3, [str(script)], timeout=60)
     assert proc.returncode != 0
     assert "UNREACHABLE" not in proc.stdout
+    # the dead rank could not remove MPI's segment in /dev/shm: the launcher did
+    assert not mpi_segments() - before, mpi_segments() - before
 
 
 RAISES_ON_RANK_0 = """
@@ -211,12 +216,16 @@ def test_taskgraph_run_ends_the_job_when_a_rank_calls_sys_exit(run_cli, tmp_path
     # Rank 0 used to exit as soon as it printed: under load the abort killed rank 1
     # before its own line came out (so each rank leaves a file, and they meet first),
     # and a slow start could reach the job's 40 s limit
+    from taskgraph.core.files import mpi_segments
+
     script = tmp_path / "exits.py"
     script.write_text(EXITS_ON_RANK_0)
+    before = mpi_segments()
     proc = run_cli("run", "-n", "2", "--timeout", "120", str(script), str(tmp_path), timeout=150)
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     assert (tmp_path / "started.0").exists() and (tmp_path / "started.1").exists()
     assert "UNREACHABLE" not in proc.stdout
+    assert not mpi_segments() - before  # (rank 1, killed, left one: `taskgraph run` removed it)
 
 
 def test_the_abort_hook_prints_then_aborts_even_if_printing_fails():

@@ -5,7 +5,9 @@ without starting anything. :func:`run_ranks` starts the job in a process group o
 its own and, on a timeout or an interrupt, kills the whole group: no rank outlives
 the call. Once ``mpiexec`` itself has exited, whatever it started gets a few seconds
 to let go of the job's output, then the group is killed: a straggler that holds a
-pipe must not hang the caller.
+pipe must not hang the caller. A rank killed hard (a crash, SIGKILL, the OOM killer)
+cannot remove MPI's shared-memory segment in ``/dev/shm``: once the job has ended, the
+launcher removes the segments made meanwhile that no live process maps.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..core import config
+from ..core.files import mpi_segments, remove_left_segments
 
 
 @functools.lru_cache(maxsize=8)
@@ -98,6 +101,7 @@ def run_ranks(
 ) -> subprocess.CompletedProcess:
     """Run ``python argv`` on n ranks; kill every process of the job on timeout."""
     cmd = python_command(n, argv)
+    segments = mpi_segments()
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE if capture else None,
@@ -113,6 +117,9 @@ def run_ranks(
     except BaseException:  # a timeout, Ctrl-C, SIGTERM: take the whole job down
         kill_group(proc)
         raise
+    finally:
+        if proc.returncode != 0:  # (a job that ended well removed its own)
+            remove_left_segments(segments)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

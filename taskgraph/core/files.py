@@ -1,7 +1,8 @@
-"""Files written whole or not at all, and MPICH's shared-memory files of processes."""
+"""Files written whole or not at all, and MPI's shared-memory files of processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -46,6 +47,48 @@ def shm_files(pids: list[int]) -> set[str]:
             if len(parts) == 6 and parts[5].startswith(SHM_PREFIX):
                 files.add(parts[5].removesuffix(" (deleted)"))
     return files
+
+
+SHM_DIR = "/dev/shm"
+# MPI's shared-memory segments there: MPICH's, and Open MPI 4's and 5's
+SHM_PATTERNS = ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
+
+
+def mpi_segments() -> set[str]:
+    """This user's MPI shared-memory segments in /dev/shm."""
+    found = set()
+    for pattern in SHM_PATTERNS:
+        for path in Path(SHM_DIR).glob(pattern):
+            with contextlib.suppress(OSError):
+                if path.stat().st_uid == os.getuid():
+                    found.add(str(path))
+    return found
+
+
+def unmapped(paths: set[str]) -> set[str]:
+    """Those of ``paths`` that no live process (of those this user may read) maps."""
+    left = set(paths)
+    for entry in Path("/proc").iterdir():
+        if not left:
+            break
+        if entry.name.isdigit():
+            try:
+                maps = (entry / "maps").read_text()
+            except OSError:
+                continue
+            left = {p for p in left if p not in maps}
+    return left
+
+
+def remove_left_segments(before: set[str]) -> set[str]:
+    """Unlink the MPI segments made since ``before`` (:func:`mpi_segments`) that no live
+    process maps: a job's rank killed hard (a crash, SIGKILL, the OOM killer) cannot
+    remove its own. The removed ones."""
+    left = unmapped(mpi_segments() - before)
+    for path in left:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return left
 
 
 def unlink_own_shm() -> None:
