@@ -31,8 +31,9 @@ _shm_removed: list[tuple[str, int]] = []  # (test, MPI segments) that the guard 
 @pytest.fixture(autouse=True)
 def _mpi_segments_removed(request):
     """After each test, the MPI segments in /dev/shm it left behind (made meanwhile,
-    mapped by no live process) are removed, and counted for the session's report: a
-    job that its test killed on purpose, launcher and all, cannot remove its own."""
+    mapped or held open by no live process) are removed, and counted for the session's
+    report: a job that its test killed on purpose, launcher and all, cannot remove its
+    own."""
     before = mpi_segments()
     yield
     left = remove_left_segments(before)

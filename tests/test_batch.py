@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,6 +227,49 @@ def test_taskgraph_run_ends_the_job_when_a_rank_calls_sys_exit(run_cli, tmp_path
     assert (tmp_path / "started.0").exists() and (tmp_path / "started.1").exists()
     assert "UNREACHABLE" not in proc.stdout
     assert not mpi_segments() - before  # (rank 1, killed, left one: `taskgraph run` removed it)
+
+
+NOTES_SEGMENTS = """
+import os
+import taskgraph as tg
+from taskgraph.core.files import SEGMENTS_VAR, shm_files
+
+cluster = tg.Cluster()
+from mpi4py import MPI
+
+mine = shm_files([os.getpid()])
+listed = open(os.environ[SEGMENTS_VAR]).read().split()
+mpich = "MPICH" in MPI.Get_library_version()
+print("RANK", cluster.rank, len(mine) if mpich else 1, mine <= set(listed))
+"""
+
+
+def test_each_rank_notes_its_mpi_segments_for_the_launcher(mpirun, tmp_path):
+    script = tmp_path / "notes.py"
+    script.write_text(NOTES_SEGMENTS)
+    proc = mpirun(2, [str(script)], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = sorted(line.split() for line in proc.stdout.splitlines() if line.startswith("RANK"))
+    assert [rank for _, rank, _, _ in lines] == ["0", "1"], proc.stdout
+    # every segment it maps is listed (MPICH makes one for 2 ranks on a host)
+    assert all(ok == "True" and int(n) >= 1 for _, _, n, ok in lines), proc.stdout
+
+
+def test_the_launcher_removes_the_listed_segments_that_are_left(tmp_path):
+    from taskgraph.core import files
+
+    made = [Path(files.SHM_DIR, f"mpich_shm_taskgraphtest{os.getpid()}_{i}") for i in range(2)]
+    for path in made:
+        path.write_bytes(b"x")
+    listed = tmp_path / "listed"
+    listed.write_text(f"{made[0]}\n/etc/passwd\n")  # (only MPI segments are removed)
+    try:
+        files.remove_segments(str(listed))
+        assert not made[0].exists() and made[1].exists() and not listed.exists()
+        assert Path("/etc/passwd").exists()
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
 
 
 def test_the_abort_hook_prints_then_aborts_even_if_printing_fails():

@@ -64,6 +64,19 @@ def test_a_notebook_cell_function_brings_its_lines_along():
     assert "return {}['missing ' + str(x)]" in text, text
 
 
+def test_only_the_functions_own_lines_of_a_cell_travel():
+    filename = "/nonexistent/ipykernel_0/cell_18.py"
+    source = "TOKEN = 'secret-abc'\n\ndef f(x):\n    return 1 / x\n" + "# filler\n" * 5000
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        blob = pickling.dumps(_defined_in(source, filename))
+        text = _traceback_elsewhere(_defined_in(source, filename))
+    finally:
+        linecache.cache.pop(filename, None)
+    assert b"secret-abc" not in blob and b"filler" not in blob and len(blob) < 4000
+    assert f'File "{filename}", line 4, in f' in text and "return 1 / x" in text, text
+
+
 def test_nested_code_keeps_its_file_and_the_pickle_stays_a_cloudpickle(tmp_path):
     import cloudpickle
 

@@ -6,8 +6,9 @@ its own and, on a timeout or an interrupt, kills the whole group: no rank outliv
 the call. Once ``mpiexec`` itself has exited, whatever it started gets a few seconds
 to let go of the job's output, then the group is killed: a straggler that holds a
 pipe must not hang the caller. A rank killed hard (a crash, SIGKILL, the OOM killer)
-cannot remove MPI's shared-memory segment in ``/dev/shm``: once the job has ended, the
-launcher removes the segments made meanwhile that no live process maps.
+cannot remove MPI's shared-memory segment in ``/dev/shm``: each rank notes its own in a
+file the launcher names (``TASKGRAPH_SEGMENTS``), and after a job that failed the
+launcher removes those left.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
 from ..core import config
-from ..core.files import mpi_segments, remove_left_segments
+from ..core.files import SEGMENTS_VAR, remove_segments
 
 
 @functools.lru_cache(maxsize=8)
@@ -101,25 +103,26 @@ def run_ranks(
 ) -> subprocess.CompletedProcess:
     """Run ``python argv`` on n ranks; kill every process of the job on timeout."""
     cmd = python_command(n, argv)
-    segments = mpi_segments()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE if capture else None,
-        stderr=subprocess.PIPE if capture else None,
-        text=True,
-        start_new_session=True,
-        env=job_environment(env),
-        preexec_fn=_die_with_parent,  # (this process killed: the launcher ends its job)
-    )
+    fd, segments = tempfile.mkstemp(prefix="taskgraph-segments-")
+    os.close(fd)
     try:
-        with _terminated_as_interrupt():
-            out, err = collect(proc, timeout)
-    except BaseException:  # a timeout, Ctrl-C, SIGTERM: take the whole job down
-        kill_group(proc)
-        raise
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.PIPE if capture else None,
+            text=True,
+            start_new_session=True,
+            env=job_environment(env) | {SEGMENTS_VAR: segments},
+            preexec_fn=_die_with_parent,  # (this process killed: the launcher ends its job)
+        )
+        try:
+            with _terminated_as_interrupt():
+                out, err = collect(proc, timeout)
+        except BaseException:  # a timeout, Ctrl-C, SIGTERM: take the whole job down
+            kill_group(proc)
+            raise
     finally:
-        if proc.returncode != 0:  # (a job that ended well removed its own)
-            remove_left_segments(segments)
+        remove_segments(segments)  # (of a job that ended well: none left)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import uuid
 from pathlib import Path
@@ -31,27 +32,32 @@ def write_atomic(path, text: str) -> str:
     return str(path)
 
 
-SHM_PREFIX = "/dev/shm/mpich_shm_"
+SHM_DIR = "/dev/shm"
+# MPI's shared-memory segments there: MPICH's, and Open MPI 4's and 5's
+SHM_PATTERNS = ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
+
+
+def is_segment(path: str) -> bool:
+    """Whether ``path`` names an MPI shared-memory segment."""
+    where, name = os.path.split(path)
+    return where == SHM_DIR and any(fnmatch.fnmatchcase(name, p) for p in SHM_PATTERNS)
 
 
 def shm_files(pids: list[int]) -> set[str]:
-    """The MPICH shared-memory files that these processes have mapped."""
+    """The MPI shared-memory files that these processes have mapped."""
     files: set[str] = set()
     for pid in pids:
-        try:
-            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        try:  # (bytes: a mapped file's name need not be UTF-8)
+            lines = Path(f"/proc/{pid}/maps").read_bytes().decode(errors="replace").splitlines()
         except OSError:
             continue
         for line in lines:
             parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].startswith(SHM_PREFIX):
-                files.add(parts[5].removesuffix(" (deleted)"))
+            if len(parts) == 6 and parts[5].startswith(SHM_DIR):
+                path = parts[5].removesuffix(" (deleted)")
+                if is_segment(path):
+                    files.add(path)
     return files
-
-
-SHM_DIR = "/dev/shm"
-# MPI's shared-memory segments there: MPICH's, and Open MPI 4's and 5's
-SHM_PATTERNS = ("mpich_shm_*", "vader_segment.*", "sm_segment.*")
 
 
 def mpi_segments() -> set[str]:
@@ -65,30 +71,77 @@ def mpi_segments() -> set[str]:
     return found
 
 
-def unmapped(paths: set[str]) -> set[str]:
-    """Those of ``paths`` that no live process (of those this user may read) maps."""
-    left = set(paths)
-    for entry in Path("/proc").iterdir():
+def unused(paths: set[str]) -> set[str]:
+    """Those of ``paths`` that no live process (of those this user may read) maps or
+    holds open: a segment that MPI is making is open before it is mapped."""
+    left = {os.fsencode(p) for p in paths}
+    try:
+        procs = [e for e in Path("/proc").iterdir() if e.name.isdigit()] if left else []
+    except OSError:  # (no /proc: nothing is known to be unused)
+        return set()
+    for entry in procs:
         if not left:
             break
-        if entry.name.isdigit():
-            try:
-                maps = (entry / "maps").read_text()
-            except OSError:
-                continue
-            left = {p for p in left if p not in maps}
-    return left
+        try:
+            maps = (entry / "maps").read_bytes()
+        except OSError:
+            continue
+        left = {p for p in left if p not in maps}
+        try:
+            fds = os.listdir(entry / "fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                left.discard(os.fsencode(os.readlink(entry / "fd" / fd)))
+    return {os.fsdecode(p) for p in left}
 
 
 def remove_left_segments(before: set[str]) -> set[str]:
     """Unlink the MPI segments made since ``before`` (:func:`mpi_segments`) that no live
-    process maps: a job's rank killed hard (a crash, SIGKILL, the OOM killer) cannot
-    remove its own. The removed ones."""
-    left = unmapped(mpi_segments() - before)
+    process maps or holds open: a job's rank killed hard (a crash, SIGKILL, the OOM
+    killer) cannot remove its own. The removed ones."""
+    left = unused(mpi_segments() - before)
     for path in left:
         with contextlib.suppress(OSError):
             os.unlink(path)
     return left
+
+
+def remove_segments(listed: str) -> None:
+    """Unlink the MPI segments named in the file ``listed`` (one a line, as the ranks
+    of a job wrote them, see :func:`note_segments`) that still exist, and the file."""
+    try:
+        names = Path(listed).read_text(errors="replace").split()
+    except OSError:
+        return
+    ours = {p for p in names if is_segment(p)}
+    for path in ours & mpi_segments():
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.unlink(listed)
+
+
+SEGMENTS_VAR = "TASKGRAPH_SEGMENTS"  # a file where a job's ranks note their segments
+
+
+def note_segments() -> None:
+    """Append the MPI segments this process maps to the file its launcher named in
+    ``TASKGRAPH_SEGMENTS`` (nothing without it): the launcher removes those a job that
+    failed left behind (see taskgraph.cluster.launch)."""
+    listed = os.environ.get(SEGMENTS_VAR)
+    if not listed:
+        return
+    mine = shm_files([os.getpid()])
+    if not mine:
+        return
+    with contextlib.suppress(OSError):  # (no O_CREAT: on another host it is not there)
+        fd = os.open(listed, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, "".join(f"{p}\n" for p in sorted(mine)).encode())
+        finally:
+            os.close(fd)
 
 
 def unlink_own_shm() -> None:

@@ -5,9 +5,10 @@ cloudpickle names its code ``<dynamic-code>``: a traceback from an engine, a thi
 rank or a process task then reads ``File "<dynamic-code>", line 4, in f``, with no
 source line. :func:`dumps` pickles as cloudpickle does, but each code object carries
 its file name, and where that file exists only in this process's ``linecache`` (a
-notebook cell) its lines too; the receiving process restores both, so the traceback
-names the script or cell and shows the line. The receiver needs only taskgraph
-(plain :func:`pickle.loads` or :func:`cloudpickle.loads` reads it).
+notebook cell) the code's own lines too (not the rest of the cell); the receiving
+process restores both, so the traceback names the script or cell and shows the line.
+The receiver needs only taskgraph (plain :func:`pickle.loads` or
+:func:`cloudpickle.loads` reads it).
 """
 
 from __future__ import annotations
@@ -22,39 +23,72 @@ from typing import Any
 
 import cloudpickle
 
-MAX_SOURCE = 1 << 16  # bytes of a cell's source sent along, at most (a longer one is not)
+MAX_SOURCE = 1 << 16  # characters of a code's lines sent along, at most (longer: none)
 
 _cloud_code = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+_LINES: dict = {}  # code -> what _code_lines said (a cell's lines do not change)
+LINES_KEPT = 512  # answers kept, at most (then forgotten: redefined cells come and go)
+
+
+def _code_lines(code: types.CodeType) -> tuple[int, tuple[str, ...]] | None:
+    """(first line number, the lines) of ``code`` where its file exists only in this
+    process's ``linecache`` (a notebook cell); None for a file on disk, or none known."""
+    try:
+        return _LINES[code]
+    except KeyError:
+        pass
+    got = None
+    entry = linecache.cache.get(code.co_filename)
+    if entry is not None and len(entry) == 4 and not os.path.exists(code.co_filename):
+        numbers = [n for _, _, n in code.co_lines() if n is not None]
+        first, last = code.co_firstlineno, max(numbers, default=code.co_firstlineno)
+        own = tuple(entry[2][first - 1 : last])
+        if own and sum(map(len, own)) <= MAX_SOURCE:
+            got = (first, own)
+    if len(_LINES) >= LINES_KEPT:
+        _LINES.clear()
+    _LINES[code] = got
+    return got
+
+
+def _code(args: tuple, filename: str, lines: tuple[int, tuple[str, ...]] | None):
+    """A code object rebuilt from cloudpickle's ``args``, named ``filename`` again, its
+    ``lines`` (first line number, lines) known to ``linecache`` here unless this process
+    has that file (or its lines) already."""
+    code = types.CodeType(*args)
+    if not filename:
+        return code
+    code = code.replace(co_filename=filename)
+    if lines and not os.path.exists(filename):
+        _remember(filename, *lines)
+    return code
+
+
+_cells: dict[str, list[str]] = {}  # lines of cells that other processes sent here
+
+
+def _remember(filename: str, first: int, own: tuple[str, ...]) -> None:
+    """Put ``own`` at line ``first`` of ``filename`` in ``linecache`` (lines not sent are
+    empty), unless a cell of that name came from elsewhere than us."""
+    entry: Any = linecache.cache.get(filename)
+    lines = _cells.get(filename)
+    if entry is not None and (lines is None or len(entry) != 4 or entry[2] is not lines):
+        return  # (this process's own cell, or a file it read)
+    if lines is None:
+        lines = _cells[filename] = []
+    if len(lines) < first - 1 + len(own):
+        lines.extend([""] * (first - 1 + len(own) - len(lines)))
+    lines[first - 1 : first - 1 + len(own)] = own
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
 def _reduce_code(code: types.CodeType) -> Any:
     rv = _cloud_code(code)
     if not (isinstance(rv, tuple) and rv[0] is types.CodeType):  # (another cloudpickle)
         return rv
-    return _code, (rv[1], code.co_filename, _cell_lines(code.co_filename))
-
-
-def _cell_lines(filename: str) -> list[str] | None:
-    """The lines of ``filename`` where only this process has them (a notebook cell, in
-    ``linecache`` with no file behind it); None for a file on disk, or none known."""
-    entry = linecache.cache.get(filename)
-    if entry is None or len(entry) != 4 or os.path.exists(filename):
-        return None
-    lines = entry[2]
-    if sum(map(len, lines)) > MAX_SOURCE:
-        return None
-    return list(lines)
-
-
-def _code(args: tuple, filename: str, lines: list[str] | None) -> types.CodeType:
-    """A code object rebuilt from cloudpickle's ``args``, named ``filename`` again (its
-    ``lines`` known to ``linecache`` here, unless this process has that file)."""
-    code = types.CodeType(*args)
-    if filename:
-        code = code.replace(co_filename=filename)
-        if lines and filename not in linecache.cache:
-            linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-    return code
+    return _code, (rv[1], code.co_filename, _code_lines(code))
 
 
 class Pickler(cloudpickle.Pickler):

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..core import affinity, config
 from ..core.errors import RunError
-from ..core.files import unlink_own_shm
+from ..core.files import note_segments, unlink_own_shm
 from . import board
 from .singlecopy import CMA_VARS, enable_single_copy
 
@@ -310,6 +310,7 @@ class World:
             self.bound_cpus, self.cores = self._bind(node)
             node.Free()
             self.values = self.comm.Dup()
+            note_segments()  # (for the launcher, should this rank be killed hard)
 
     def split(self, n: int) -> World | None:
         """The first ``n`` ranks of this world, as a world of their own; None on the
