@@ -431,9 +431,10 @@ def loaded(p: Program, rows: list[dict], pool: ProcessPoolExecutor, spawn: bool,
 
 
 def fair_share_bound(ranks: int, cores: int) -> float:
-    """The least loaded-over-unloaded time ``ranks`` ranks can reach with a busy loop on
-    one of ``cores`` CPUs, if the kernel shares that CPU fairly: where every core has a
-    rank, they have ``cores - 0.5`` cores' time for the work ``min(ranks, cores)`` did."""
+    """The least loaded-over-unloaded time ``ranks`` ranks, each bound to a core of its
+    own, can reach with a busy loop on one of ``cores`` CPUs, if the kernel shares that
+    CPU fairly: where every core has a rank, they have ``cores - 0.5`` cores' time for
+    the work ``cores`` did (meant for ranks <= cores: the suite's 2 ranks)."""
     busy = min(ranks, cores)
     return round(busy / (cores - 0.5), 3) if ranks >= cores else 1.0
 
