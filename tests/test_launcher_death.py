@@ -4,15 +4,21 @@ to the launcher alone reached none of its ranks, and they ran on to the end."""
 
 from __future__ import annotations
 
+import glob
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
 
 import pytest
 from conftest import _clean_env, assert_none_left, processes_with
+
+from taskgraph.cluster.launch import SEGMENT_LISTS, sweep_segment_lists
+from taskgraph.core.files import mpi_segments
 
 SCRIPT = """
 import time
@@ -34,6 +40,7 @@ def test_killing_the_launcher_ends_its_ranks(tmp_path, sig):
     marker = uuid.uuid4().hex
     env = _clean_env(TASKGRAPH_TEST_JOB=marker)
     cmd = [sys.executable, "-m", "taskgraph.batch.cli", "run", "-n", "2", str(script)]
+    before = mpi_segments()
     launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     try:
         ups = [launcher.stdout.readline() for _ in range(2)]  # both ranks are running
@@ -46,6 +53,11 @@ def test_killing_the_launcher_ends_its_ranks(tmp_path, sig):
         while [p for p in processes_with(marker)] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not processes_with(marker), "the job outlived its launcher"
+        # a launcher killed outright left its job's MPI segment and the list of it: the
+        # next launcher sweeps both (a SIGTERMed one removed them itself)
+        sweep_segment_lists()
+        lists = glob.glob(os.path.join(tempfile.gettempdir(), f"{SEGMENT_LISTS}{launcher.pid}-*"))
+        assert not lists and not mpi_segments() - before, (lists, mpi_segments() - before)
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -8,13 +8,14 @@ to let go of the job's output, then the group is killed: a straggler that holds 
 pipe must not hang the caller. A rank killed hard (a crash, SIGKILL, the OOM killer)
 cannot remove MPI's shared-memory segment in ``/dev/shm``: each rank notes its own in a
 file the launcher names (``TASKGRAPH_SEGMENTS``), and after a job that failed the
-launcher removes those left.
+launcher removes those left (the next launcher does, if this one was killed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import os
 import signal
 import subprocess
@@ -103,7 +104,8 @@ def run_ranks(
 ) -> subprocess.CompletedProcess:
     """Run ``python argv`` on n ranks; kill every process of the job on timeout."""
     cmd = python_command(n, argv)
-    fd, segments = tempfile.mkstemp(prefix="taskgraph-segments-")
+    sweep_segment_lists()
+    fd, segments = tempfile.mkstemp(prefix=f"{SEGMENT_LISTS}{os.getpid()}-")
     os.close(fd)
     try:
         proc = subprocess.Popen(
@@ -124,6 +126,29 @@ def run_ranks(
     finally:
         remove_segments(segments)  # (of a job that ended well: none left)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+SEGMENT_LISTS = "taskgraph-segments-"  # + the launcher's pid: its job's MPI segments
+
+
+def sweep_segment_lists() -> None:
+    """The lists of MPI segments that launchers killed before they could act on them
+    left in the temporary directory (their pid is gone): their segments left in
+    /dev/shm removed, then the lists."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{SEGMENT_LISTS}*-*")):
+        pid = os.path.basename(path)[len(SEGMENT_LISTS) :].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            remove_segments(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's: alive)
+        return True
+    return True
 
 
 def _die_with_parent() -> None:
