@@ -20,10 +20,59 @@ from pathlib import Path
 import pytest
 
 from taskgraph.cluster.launch import python_command, run_ranks
-from taskgraph.core.files import mpi_segments, remove_left_segments
+from taskgraph.core.files import SHM_DIR, SHM_PATTERNS
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+
+
+def mpi_segments() -> set[str]:
+    """This user's MPI shared-memory segments in /dev/shm."""
+    found = set()
+    for pattern in SHM_PATTERNS:
+        for path in Path(SHM_DIR).glob(pattern):
+            with contextlib.suppress(OSError):
+                if path.stat().st_uid == os.getuid():
+                    found.add(str(path))
+    return found
+
+
+def unused(paths: set[str]) -> set[str]:
+    """Those of ``paths`` that no live process (of those this user may read) maps or
+    holds open: a segment that MPI is making is open before it is mapped."""
+    left = {os.fsencode(p) for p in paths}
+    try:
+        procs = [e for e in Path("/proc").iterdir() if e.name.isdigit()] if left else []
+    except OSError:  # (no /proc: nothing is known to be unused)
+        return set()
+    for entry in procs:
+        if not left:
+            break
+        try:
+            maps = (entry / "maps").read_bytes()
+        except OSError:
+            continue
+        left = {p for p in left if p not in maps}
+        try:
+            fds = os.listdir(entry / "fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                left.discard(os.fsencode(os.readlink(entry / "fd" / fd)))
+    return {os.fsdecode(p) for p in left}
+
+
+def remove_left_segments(before: set[str]) -> set[str]:
+    """Unlink the MPI segments made since ``before`` (:func:`mpi_segments`) that no live
+    process maps or holds open: a job's rank killed hard (a crash, SIGKILL, the OOM
+    killer) cannot remove its own. The removed ones."""
+    left = unused(mpi_segments() - before)
+    for path in left:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return left
+
 
 _shm_removed: list[tuple[str, int]] = []  # (test, MPI segments) that the guard removed
 

@@ -136,7 +136,7 @@ def test_a_rank_that_dies_ends_the_job(mpirun, tmp_path):
         print("UNREACHABLE")
     """)
     )
-    from taskgraph.core.files import mpi_segments
+    from conftest import mpi_segments
 
     before = mpi_segments()
     proc = mpirun(3, [str(script)], timeout=60)
@@ -217,7 +217,7 @@ def test_taskgraph_run_ends_the_job_when_a_rank_calls_sys_exit(run_cli, tmp_path
     # Rank 0 used to exit as soon as it printed: under load the abort killed rank 1
     # before its own line came out (so each rank leaves a file, and they meet first),
     # and a slow start could reach the job's 40 s limit
-    from taskgraph.core.files import mpi_segments
+    from conftest import mpi_segments
 
     script = tmp_path / "exits.py"
     script.write_text(EXITS_ON_RANK_0)

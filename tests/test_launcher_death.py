@@ -15,10 +15,9 @@ import time
 import uuid
 
 import pytest
-from conftest import _clean_env, assert_none_left, processes_with
+from conftest import _clean_env, assert_none_left, mpi_segments, processes_with
 
 from taskgraph.cluster.launch import SEGMENT_LISTS, sweep_segment_lists
-from taskgraph.core.files import mpi_segments
 
 SCRIPT = """
 import time

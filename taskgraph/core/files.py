@@ -60,54 +60,6 @@ def shm_files(pids: list[int]) -> set[str]:
     return files
 
 
-def mpi_segments() -> set[str]:
-    """This user's MPI shared-memory segments in /dev/shm."""
-    found = set()
-    for pattern in SHM_PATTERNS:
-        for path in Path(SHM_DIR).glob(pattern):
-            with contextlib.suppress(OSError):
-                if path.stat().st_uid == os.getuid():
-                    found.add(str(path))
-    return found
-
-
-def unused(paths: set[str]) -> set[str]:
-    """Those of ``paths`` that no live process (of those this user may read) maps or
-    holds open: a segment that MPI is making is open before it is mapped."""
-    left = {os.fsencode(p) for p in paths}
-    try:
-        procs = [e for e in Path("/proc").iterdir() if e.name.isdigit()] if left else []
-    except OSError:  # (no /proc: nothing is known to be unused)
-        return set()
-    for entry in procs:
-        if not left:
-            break
-        try:
-            maps = (entry / "maps").read_bytes()
-        except OSError:
-            continue
-        left = {p for p in left if p not in maps}
-        try:
-            fds = os.listdir(entry / "fd")
-        except OSError:
-            continue
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                left.discard(os.fsencode(os.readlink(entry / "fd" / fd)))
-    return {os.fsdecode(p) for p in left}
-
-
-def remove_left_segments(before: set[str]) -> set[str]:
-    """Unlink the MPI segments made since ``before`` (:func:`mpi_segments`) that no live
-    process maps or holds open: a job's rank killed hard (a crash, SIGKILL, the OOM
-    killer) cannot remove its own. The removed ones."""
-    left = unused(mpi_segments() - before)
-    for path in left:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    return left
-
-
 def remove_segments(listed: str) -> None:
     """Unlink the MPI segments named in the file ``listed`` (one a line, as the ranks
     of a job wrote them, see :func:`note_segments`) that still exist, and the file."""
@@ -115,9 +67,8 @@ def remove_segments(listed: str) -> None:
         names = Path(listed).read_text(errors="replace").split()
     except OSError:
         return
-    ours = {p for p in names if is_segment(p)}
-    for path in ours & mpi_segments():
-        with contextlib.suppress(OSError):
+    for path in {p for p in names if is_segment(p)}:  # (each rank lists the same one)
+        with contextlib.suppress(OSError):  # (gone: the job ended well)
             os.unlink(path)
     with contextlib.suppress(OSError):
         os.unlink(listed)
