@@ -11,6 +11,7 @@ import time
 import pytest
 
 import taskgraph as tg
+from taskgraph.run.attempts import HANDLED
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -284,12 +285,19 @@ def test_a_recursion_deeper_than_one_stack_holds_fails_clearly_and_at_once():
 def test_a_grandchild_exception_is_caught_by_its_grandparent(workers):
     with tg.Graph("catch") as g:
         c = grandparent(7)
-    run_in_process(g, workers)
+    run = run_in_process(g, workers)
     text = c.result()
     assert text.startswith("caught: task middle(7) on rank 0/1"), text
     # the chain names the grandchild, with its traceback, and keeps the causes
     assert "fail_at_bottom(7)" in text and "ValueError: bad leaf 7" in text, text
     assert "Traceback" in text and "in fail_at_bottom" in text, text
+    # the summary says the failures were handled, a row a line (no traceback in it)
+    summary = run.summary()
+    assert summary.ended_well and [f[0] for f in summary.failed] == [
+        "fail_at_bottom(7)",
+        "middle(7)",
+    ], str(summary)
+    assert str(summary).splitlines()[1] == HANDLED and "Traceback" not in str(summary)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -297,10 +305,12 @@ def test_a_grandchild_exception_is_caught_by_its_grandparent(workers):
 def test_an_uncaught_child_exception_fails_the_run_naming_the_child(parent, workers):
     with tg.Graph("uncaught") as g:
         parent(3)
+    run = tg.current_cluster().run(g, workers=workers)
     with pytest.raises(tg.TaskError, match=rf"{parent.name}#0\(3\) on rank 0/1") as info:
-        run_in_process(g, workers)
+        run.wait()
     assert "task fail_at_bottom(3) on rank 0/1" in str(info.value)
     assert "ValueError: bad leaf 3" in str(info.value)
+    assert not run.summary().ended_well and HANDLED not in str(run.summary())
 
 
 def test_the_result_carries_the_original_exception_as_cause():

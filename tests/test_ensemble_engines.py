@@ -21,6 +21,7 @@ import pytest
 import taskgraph as tg
 from taskgraph.cluster.job import JobCluster
 from taskgraph.run import procpool
+from taskgraph.run.attempts import HANDLED
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(120)]
 
@@ -113,6 +114,7 @@ def test_an_ensemble_on_engines_retries_skips_and_sums_up(engines, tmp_path):
     assert s.skipped[0].startswith("plus_one#")
     shown = run._repr_html_()  # (what a notebook shows for a cell ending in run.wait())
     assert html.escape(s.headline()) in shown and "RuntimeError: bad 2" in shown
+    assert s.ended_well and html.escape(HANDLED.strip()) in shown  # (bad's on_failure)
 
 
 def test_the_retried_attempt_reaches_the_notebooks_trace(engines, tmp_path):
@@ -167,6 +169,7 @@ def test_a_failed_runs_summary_names_the_task_its_rank_and_error(engines):
         ("broken#1(7)", "OSError: broken 7")
     ]
     assert s.failed[0][1] == run.plan.placement[1]
+    assert not s.ended_well and HANDLED not in str(s)
     with pytest.raises(tg.TaskError, match="broken 7"):
         run.wait()
 

@@ -413,7 +413,9 @@ class EngineRun(RunHandle):
         if self.summaries is None:
             return None
         tallies = [s["tally"] for s in self.summaries if s.get("tally") is not None]
-        return Summary.merge(self.graph.name, tallies)
+        merged = Summary.merge(self.graph.name, tallies)
+        merged.ended_well = not any(s.get("error") for s in self.summaries)
+        return merged
 
     # -- live events -----------------------------------------------------------------
 

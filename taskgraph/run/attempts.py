@@ -184,13 +184,17 @@ class Tally:
         }
 
 
+HANDLED = "  the run ended well: each failure below was caught by its caller or its on_failure"
+
+
 @dataclass(repr=False)  # (its repr is its text: a script's last expression prints it)
 class Summary:
     """What a run did, over every rank: ``succeeded`` calls (graph tasks, spawned and
     submitted calls; with retries, and ``from_checkpoint`` of them read from the
     checkpoint), ``failed`` (label, rank, error) of the calls whose last attempt
     failed, ``skipped`` (labels of calls not run: an input was skipped), ``retries``
-    (attempts after a failed one)."""
+    (attempts after a failed one); ``ended_well``: the run did not fail, so every
+    failure was handled (a caller caught it, or the call's ``on_failure``)."""
 
     name: str = ""
     succeeded: int = 0
@@ -198,6 +202,7 @@ class Summary:
     skipped: list[str] = field(default_factory=list)
     retries: int = 0
     from_checkpoint: int = 0
+    ended_well: bool = False
 
     @classmethod
     def merge(cls, name: str, parts: list[dict]) -> Summary:
@@ -226,6 +231,8 @@ class Summary:
 
     def __str__(self) -> str:
         lines = [self.headline()]
+        if self.failed and self.ended_well:  # (a caught error read as the run's own)
+            lines.append(HANDLED)
         for label, rank, error in self.failed[:20]:
             lines.append(f"  failed  {label} on rank {rank}: {error}")
         if len(self.failed) > 20:
@@ -244,8 +251,9 @@ class Summary:
         )
         table = f"<table><tr><th>failed</th><th>rank</th><th>error</th></tr>{rows}</table>"
         skipped = html.escape(", ".join(self.skipped[:50]))
+        handled = f"<p>{html.escape(HANDLED.strip())}</p>" if rows and self.ended_well else ""
         return (
-            f"<div><b>{html.escape(self.headline())}</b>{table if rows else ''}"
+            f"<div><b>{html.escape(self.headline())}</b>{handled}{table if rows else ''}"
             f"{'<p>skipped: ' + skipped + '</p>' if skipped else ''}</div>"
         )
 
@@ -698,7 +706,7 @@ def run_call(
                 attempt += 1
                 continue
             error = f"{type(exc).__name__}: {exc}"
-            tally.failed.append((label, net.rank, error))
+            tally.failed.append((label, net.rank, row_error(exc)))
             if verdict == SKIP:
                 return Skipped(label, label, net.rank, net.size, error)
             if verdict == IGNORE:
@@ -779,11 +787,13 @@ def spawn_fn(fn: Any) -> Any:
     return fn if inner is not fn and options_of(fn) != DEFAULT else inner
 
 
-def conclude(ex: Any, parts: list[dict] | None) -> None:
-    """Set ``ex.summary`` from every rank's tally (``parts``; None: this rank alone)."""
+def conclude(ex: Any, parts: list[dict] | None, ended_well: bool) -> None:
+    """Set ``ex.summary`` from every rank's tally (``parts``; None: this rank alone);
+    ``ended_well``: the run did not fail."""
     if parts is None:
         parts = [wire(ex)]
     ex.summary = Summary.merge(ex.graph.name, parts)
+    ex.summary.ended_well = ended_well
 
 
 def wire(ex: Any) -> dict:
@@ -819,9 +829,16 @@ __all__ = [
 ]
 
 
+def row_error(exc: BaseException) -> str:
+    """``exc`` as a summary row shows it: ``Type: text``, without the traceback that a
+    failed child's error carries in its text (a summary row is one line)."""
+    text = BaseException.__str__(exc) if isinstance(exc, TaskError) else str(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
 def count_plain(tally: Tally, item: Any, exc: BaseException | None, net: Any) -> None:
     """A spawned or submitted call on the plain path ended (``exc``: how it failed)."""
     if exc is None:
         tally.ok += 1
     else:
-        tally.failed.append((item.label(), net.rank, f"{type(exc).__name__}: {exc}"))
+        tally.failed.append((item.label(), net.rank, row_error(exc)))

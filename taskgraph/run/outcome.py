@@ -156,10 +156,10 @@ class OutcomeProtocol:
             origins = [Failure.from_wire(o) for o, _, _ in outcomes if o is not None]
             failure = origins[0] if origins else failure
             stuck = [s for _, part, _ in outcomes for s in part]
-            attempts.conclude(self, [tally for _, _, tally in outcomes])
+            attempts.conclude(self, [tally for _, _, tally in outcomes], failure is None)
         else:
             stuck = self._stuck
-            attempts.conclude(self, None)
+            attempts.conclude(self, None, failure is None)
         if failure is not None and stuck:
             failure = dataclasses.replace(failure, error=f"{failure.error}; " + "; ".join(stuck))
         if self.trace.enabled:  # every rank's events, on rank 0 (failed runs too)
