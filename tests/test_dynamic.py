@@ -472,3 +472,23 @@ def test_call_labels_read_as_reprlib_would_cut_them():
     label = dynamic.call_label(serial_fib, args, {"k": (4, 5)})
     expected = ", ".join(short.repr(a) for a in args) + ", k=(4, 5)"
     assert label == f"serial_fib({expected})"
+
+
+def keyed(fn: int = 0, self: int = 0) -> int:
+    return 10 * fn + self
+
+
+@tg.task
+def spawns_keyed() -> int:
+    return tg.spawn(keyed, fn=4, self=2).result()
+
+
+def test_a_call_may_take_keyword_arguments_named_fn_and_self():
+    """``tg.spawn(f, fn=1)`` raised "got multiple values for argument 'fn'"."""
+    with tg.Graph("keyed") as g:
+        k = spawns_keyed()
+    run_in_process(g, 1)
+    assert k.result() == 42
+    run = tg.current_cluster().run(open=True)
+    assert run.submit(keyed, fn=1, self=3).result() == 13
+    run.wait(10)

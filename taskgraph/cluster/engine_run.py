@@ -30,6 +30,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import ChainMap
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import pickling
@@ -45,7 +47,7 @@ from ..trace.events import Trace
 from . import engine_side
 from .handle import RunHandle
 from .overlap import footprint, must_wait
-from .submit import EngineFuture
+from .submit import EngineFuture, Outbox
 
 if TYPE_CHECKING:
     from .engines import EngineCluster
@@ -101,6 +103,7 @@ class EngineRun(RunHandle):
         self.open = open
         self._closed = False  # (an open run) no more submitted calls
         self._submitted = 0  # calls submitted so far (their keys, round-robin ranks)
+        self._outbox = Outbox(self._send_calls)
         self.id = uuid.uuid4().hex[:12]
         self.task_timeout = task_timeout
         self.footprint = footprint(graph)
@@ -138,11 +141,11 @@ class EngineRun(RunHandle):
             return True
         return all("summary" in per_engine for per_engine in self._data())
 
-    def _data(self) -> list[dict]:
+    def _data(self) -> list[Mapping]:
         """What each engine published under this run's request, by rank."""
         return [self._data_of(rank) for rank in range(len(self.ar.msg_ids))]
 
-    def _data_of(self, rank: int) -> dict:
+    def _data_of(self, rank: int) -> Mapping:
         """What the engine of ``rank`` published under this run's request. ipyparallel
         files it in the request's record, drops that record once the request has
         answered (and the engine answers as soon as the run has started), and files
@@ -152,11 +155,11 @@ class EngineRun(RunHandle):
         later = self.cluster.client.metadata.get(self.ar.msg_ids[rank])  # (.get: adds none)
         if later is None or later is first:
             return first["data"]
-        return {**first["data"], **later["data"]}
+        return ChainMap(later["data"], first["data"])  # (not a copy: a look per future)
 
     # -- submitted calls -------------------------------------------------------------
 
-    def submit(self, fn, *args, **kwargs) -> EngineFuture:
+    def submit(self, fn, /, *args, **kwargs) -> EngineFuture:
         """Add the call ``fn(*args, **kwargs)`` to the running run; its future, at once.
 
         The calls go to the engines in turn (round-robin: the first batch is spread
@@ -173,10 +176,13 @@ class EngineRun(RunHandle):
         check_values(fn, args, kwargs, "run.submit")
         n, self._submitted = self._submitted, self._submitted + 1
         key, rank = f"s{n:08d}", n % self.cluster.size
-        calls = pickling.dumps([(key, fn, args, kwargs)])
+        batch = self._outbox.put(rank, pickling.dumps((key, fn, args, kwargs)))
+        return EngineFuture(self, key, rank, call_label(fn, args, kwargs), batch)
+
+    def _send_calls(self, rank: int, calls: list[bytes]):
+        """The request that takes ``calls`` to the engine of ``rank`` (see Outbox)."""
         engine = self.cluster.client[self.cluster.engine_ids[rank]]
-        sent = engine.apply_async(engine_side.submit_calls, self.id, calls)
-        return EngineFuture(self, key, rank, call_label(fn, args, kwargs), sent)
+        return engine.apply_async(engine_side.submit_calls, self.id, calls)
 
     def close(self) -> None:
         """No more :meth:`submit` calls: an open run ends once its tasks and the calls
@@ -184,7 +190,7 @@ class EngineRun(RunHandle):
         if self._closed or not self.open:
             return
         self._closed = True
-        # (after every submit: each engine takes requests in the order sent)
+        self._outbox.flush()  # (then the close: each engine takes requests in the order sent)
         self.cluster.view.apply_async(engine_side.close_run, self.id)
 
     def _ended_without(self, label: str) -> RunError:

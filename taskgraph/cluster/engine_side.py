@@ -219,11 +219,11 @@ def _keep(run_id: str, run) -> None:
         del RUNS[key]
 
 
-def submit_calls(run_id: str, calls: bytes) -> dict:
+def submit_calls(run_id: str, calls: list[bytes]) -> dict:
     """Add calls to run ``run_id`` on this rank (see :mod:`taskgraph.cluster.submit`);
-    returns at once. ``calls``: the pickled list of (key, fn, args, kwargs). The errors
-    of those refused (the run has ended or was closed), by key."""
-    todo = cloudpickle.loads(calls)
+    returns at once. ``calls``: (key, fn, args, kwargs) each, pickled. The errors of
+    those refused (the run has ended or was closed), by key."""
+    todo = [cloudpickle.loads(call) for call in calls]
     inbox = INBOXES.get(run_id)
     if inbox is None:
         return {

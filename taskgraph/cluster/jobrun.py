@@ -451,7 +451,7 @@ class Run(RunHandle):
         """This rank's executor once the run has started (None before)."""
         return self._executor
 
-    def submit(self, fn, *args, **kwargs) -> SpawnFuture:
+    def submit(self, fn, /, *args, **kwargs) -> SpawnFuture:
         """Add the call ``fn(*args, **kwargs)`` to the running run; its future, at once.
 
         The call goes to this rank's pool of spawned work as a call of no task: an idle
@@ -566,7 +566,7 @@ class IdleRun(RunHandle):
     def cancel(self, reason: str | None = None) -> None:
         """Nothing runs here: nothing to stop."""
 
-    def submit(self, fn, *args, **kwargs):
+    def submit(self, fn, /, *args, **kwargs):
         """RunError: nothing runs on this rank (submit on the cluster's ranks)."""
         raise RunError(
             f"rank {self.cluster.job.rank} is not one of the {self.cluster.size} rank(s) of "

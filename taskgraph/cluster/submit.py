@@ -22,16 +22,18 @@ rank and traceback); the run goes on::
                                                 request, before the run's summary
                                               client: the future reads it from there
 
-An :class:`EngineFuture` ends with its value, its call's error, or RunError when the
-run's summary arrives without it (the run failed or was cancelled) or an engine is
-lost: every wait has a way out. :func:`as_completed` yields futures of either kind as
-they end.
+In the notebook the calls made while a request to an engine is in flight go together
+in its next one (:class:`Outbox`). An :class:`EngineFuture` ends with its value, its
+call's error, or RunError when the run's summary arrives without it (the run failed or
+was cancelled) or an engine is lost: every wait has a way out. :func:`as_completed`
+yields futures of either kind as they end.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -85,41 +87,69 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
     when called (call it again on a new batch). ``timeout``: seconds for all of them,
     then TimeoutError naming how many have not ended. A future that failed is yielded
     too: its ``result()`` raises."""
-    pending = list(dict.fromkeys(futures))  # (each once, in order)
     deadline = None if timeout is None else time.monotonic() + timeout
-    sleep = POLL_MIN
-    while pending:
-        ended = [f for f in pending if _done(f)]
-        if ended:
-            sleep = POLL_MIN
-            for f in ended:
-                pending.remove(f)
-                yield f
-            continue
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"{len(pending)} of the futures have not ended after {timeout} s "
-                f"(the first: {pending[0]!r})"
-            )
-        pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
-        helping = _helping(pending)
-        if helping is not None:  # (a task of that run: it runs their calls meanwhile)
-            try:
-                helping.owner.wait_any(helping, pause if deadline is not None else POLL_MAX)
-            except RunError:
-                pass  # (the run stopped: its futures are done now, each yielded)
+    ready: list = []  # ended already, in order: yielded first
+    ended: deque = deque()  # (a spawned call is put here as it ends: see SpawnFuture.watch)
+    spawned: dict[int, SpawnFuture] = {}  # those not ended, by id, in order
+    others: list = []  # any other kind, looked at in turn
+    for f in dict.fromkeys(futures):  # (each once, in order)
+        if isinstance(f, SpawnFuture):
+            with f.owner.lock:
+                if f.state < DONE:
+                    f.watch = [*(f.watch or ()), ended]
+                    spawned[id(f)] = f
+                    continue
+            ready.append(f)
+        elif _done(f):
+            ready.append(f)
         else:
-            time.sleep(pause)
-            sleep = min(POLL_MAX, sleep * 2)
-
-
-def _helping(pending: list) -> Any:
-    """A pending spawned call whose run has this thread as a worker (it waits inside a
-    task of that run), or None."""
-    for f in pending:
-        if isinstance(f, SpawnFuture) and f.owner.is_worker_here():
-            return f
-    return None
+            others.append(f)
+    owners = list({id(f.owner): f.owner for f in spawned.values()}.values())
+    mine = next((o for o in owners if o.is_worker_here()), None)  # (in a task of that run)
+    sleep = POLL_MIN
+    try:
+        yield from ready
+        while spawned or others:
+            out = []
+            while ended:
+                f = ended.popleft()
+                if spawned.pop(id(f), None) is not None:
+                    out.append(f)
+            if others:
+                left: list = []
+                for f in others:
+                    (out if _done(f) else left).append(f)
+                others = left
+            if not out:  # (a run that stopped ends its calls without a word)
+                for o in owners:
+                    if o.stopping:
+                        out += [spawned.pop(k) for k, f in list(spawned.items()) if f.owner is o]
+            if out:
+                sleep = POLL_MIN
+                yield from out
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                first = next(iter(spawned.values()), None) or others[0]
+                raise TimeoutError(
+                    f"{len(spawned) + len(others)} of the futures have not ended after "
+                    f"{timeout} s (the first: {first!r})"
+                )
+            pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
+            helping = None
+            if mine is not None:
+                helping = next((f for f in spawned.values() if f.owner is mine), None)
+            if mine is not None and helping is not None:  # (a task of that run: it helps)
+                try:
+                    mine.wait_any(helping, pause if deadline is not None else POLL_MAX)
+                except RunError:
+                    pass  # (the run stopped: its futures are done now, each yielded)
+            else:
+                time.sleep(pause)
+                sleep = min(POLL_MAX, sleep * 2)
+    finally:  # (left early: the calls not ended forget this queue)
+        for f in spawned.values():
+            with f.owner.lock:
+                f.watch = [q for q in f.watch or () if q is not ended] or None
 
 
 # -- the client's side of a run on engines ---------------------------------------------
@@ -130,16 +160,16 @@ class EngineFuture:
 
     ``label``: the call, readable; ``rank``: the engine it was submitted to (its value
     comes back from there, wherever it ran); ``key``: its name under the run's request;
-    ``run``: the run; ``sent``: the request that submitted it (its failure fails the
-    future). States: pending, then done (a value) or failed (an exception): set once, by
-    whichever thread looks first, under a lock."""
+    ``run``: the run; ``sent``: the :class:`Batch` it goes to its engine in (the
+    request's failure fails the future). States: pending, then done (a value) or
+    failed (an exception): set once, by whichever thread looks first, under a lock."""
 
     def __init__(self, run: Any, key: str, rank: int, label: str, sent: Any):
         self.run = run
         self.key = key
         self.rank = rank
         self.label = label
-        self._sent = sent  # the AsyncResult of the request that submitted it
+        self._sent = sent  # the Batch it goes in (see Outbox)
         self._lock = threading.Lock()
         self._ended = False
         self._value: Any = None
@@ -211,8 +241,11 @@ class EngineFuture:
 
     def _submission_problem(self) -> BaseException | None:
         """The error of the request that submitted the call, if it failed."""
-        sent = self._sent
-        if not sent.ready():
+        batch = self._sent
+        if batch.error is not None:
+            return RunError(f"{self.label} could not be sent to rank {self.rank}: {batch.error}")
+        sent = batch.ar
+        if sent is None or not sent.ready():
             return None
         try:
             refused = sent.get()
@@ -220,6 +253,69 @@ class EngineFuture:
             return RunError(f"{self.label} could not be submitted to rank {self.rank}: {exc}")
         error = refused.get(self.key) if isinstance(refused, dict) else None
         return error
+
+
+class Batch:
+    """Submitted calls that go to one engine in one request: ``ar``, the request's
+    AsyncResult (None until sent); ``error``, why it could not be sent."""
+
+    __slots__ = ("ar", "error")
+
+    def __init__(self) -> None:
+        self.ar: Any = None
+        self.error: BaseException | None = None
+
+
+class Outbox:
+    """The notebook's submitted calls on their way to the engines. A call goes at once
+    when no request to its engine is in flight; else it waits, with the calls made
+    meanwhile, and they go in one request as soon as the one in flight is answered (an
+    engine takes a few ms a request: one call a request topped out at ~300 calls a
+    second). ``send(rank, calls)``: the AsyncResult of the request carrying ``calls``
+    (pickled) to the engine of ``rank``. Any thread (answers come on the client's)."""
+
+    def __init__(self, send: Any):
+        self._send = send
+        self._lock = threading.RLock()  # (an answered request may call back at once)
+        self._calls: dict[int, list[bytes]] = {}  # rank -> calls waiting
+        self._batch: dict[int, Batch] = {}  # rank -> the Batch they will go in
+        self._flying: dict[int, Any] = {}  # rank -> the request in flight
+
+    def put(self, rank: int, call: bytes) -> Batch:
+        """Send the pickled ``call`` to ``rank``'s engine, now or with the next batch;
+        the Batch it goes in."""
+        with self._lock:
+            batch = self._batch.setdefault(rank, Batch())
+            self._calls.setdefault(rank, []).append(call)
+            if rank not in self._flying:
+                self._go(rank)
+            return batch
+
+    def flush(self) -> None:
+        """Send every call waiting, now (before a request that must come after them:
+        each engine takes requests in the order sent)."""
+        with self._lock:
+            for rank in list(self._calls):
+                self._go(rank)
+
+    def _go(self, rank: int) -> None:
+        calls, batch = self._calls.pop(rank, None), self._batch.pop(rank, None)
+        if not calls or batch is None:
+            return
+        try:
+            ar = self._send(rank, calls)
+        except Exception as exc:  # noqa: BLE001 - its futures fail, naming it
+            batch.error = exc
+            return
+        batch.ar = self._flying[rank] = ar
+        ar.add_done_callback(lambda _, r=rank, a=ar: self._answered(r, a))
+
+    def _answered(self, rank: int, ar: Any) -> None:
+        with self._lock:
+            if self._flying.get(rank) is ar:
+                del self._flying[rank]
+            if self._calls.get(rank):
+                self._go(rank)
 
 
 def _outcome(outcome: tuple) -> tuple[Any, BaseException | None]:
@@ -244,7 +340,9 @@ class Inbox:
     outcomes taken for publication by :meth:`flush` (the run's watcher thread).
 
     Guarded by ``lock``: ``waiting`` (key, fn, args, kwargs) not given to the run yet,
-    ``futures`` (key -> SpawnFuture) given and not published, ``closing``."""
+    ``futures`` (key -> SpawnFuture) given and not published, ``closing``. ``ended``:
+    the futures given, as they end (see ``SpawnFuture.watch``: no look at those that
+    have not, which took 10,000 looks a tick with 10,000 calls out)."""
 
     def __init__(self, run: Any, key: str = ""):
         self.run = run
@@ -252,6 +350,8 @@ class Inbox:
         self.lock = threading.Lock()
         self.waiting: list[tuple] = []
         self.futures: dict[str, SpawnFuture] = {}
+        self.keys: dict[int, str] = {}  # id of a future given -> its key
+        self.ended_queue: deque = deque()
         self.closing = False
 
     def submit(self, calls: list[tuple]) -> dict[str, BaseException]:
@@ -295,8 +395,22 @@ class Inbox:
                 fut = _failed(exc)
             with self.lock:
                 self.futures[key] = fut
+                self.keys[id(fut)] = key
+            self._watch(fut)
         if closing:
             self.run.close()
+
+    def _watch(self, fut: Any) -> None:
+        """Have ``fut`` put on ``ended_queue`` as it ends (now, if it has)."""
+        owner = getattr(fut, "owner", None)
+        if owner is None:  # (refused: ended)
+            self.ended_queue.append(fut)
+            return
+        with owner.lock:
+            if fut.state < DONE:
+                fut.watch = [*(fut.watch or ()), self.ended_queue]
+                return
+        self.ended_queue.append(fut)
 
     def outstanding(self) -> bool:
         """Whether some calls have not been published yet."""
@@ -305,9 +419,14 @@ class Inbox:
     def ended(self) -> dict[str, tuple]:
         """The outcomes of the calls that ended since the last call, taken out:
         ``("ok", value)`` or ``("err", SpawnedTaskError)``, by key."""
+        keys, futs = [], []
         with self.lock:
-            keys = [k for k, f in self.futures.items() if f.state >= DONE]
-            futs = [self.futures.pop(k) for k in keys]
+            while self.ended_queue:
+                fut = self.ended_queue.popleft()
+                key = self.keys.pop(id(fut), None)
+                if key is not None:
+                    keys.append(key)
+                    futs.append(self.futures.pop(key))
         out = {}
         for key, fut in zip(keys, futs):
             if _stopped(fut):
@@ -347,4 +466,4 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or repr(fn)
 
 
-__all__ = ["EngineFuture", "Inbox", "as_completed", "ensemble_graph"]
+__all__ = ["Batch", "EngineFuture", "Inbox", "Outbox", "as_completed", "ensemble_graph"]

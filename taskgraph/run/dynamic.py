@@ -245,7 +245,9 @@ class SpawnFuture(Frame):
     Fields guarded by the executor's lock: ``state`` (PENDING, RUNNING, DONE, FAILED),
     ``value``, ``exc`` (the exception, where it ran here), ``failure`` (the error as
     (task, rank, size, host, error, traceback)), ``observed`` (its error was raised
-    to a waiter already); ``pinned``, ``remote`` and ``slot``: see taskgraph.run.steal."""
+    to a waiter already), ``watch`` (None, or the queues of the
+    :func:`~taskgraph.cluster.submit.as_completed` calls waiting for it: it is put on
+    each as it ends); ``pinned``, ``remote`` and ``slot``: see taskgraph.run.steal."""
 
     __slots__ = (
         "args",
@@ -261,6 +263,7 @@ class SpawnFuture(Frame):
         "state",
         "submitted",
         "value",
+        "watch",
     )
 
     def __init__(self, owner: Any, fn: Callable, args: tuple, kwargs: dict, depth: int):
@@ -278,6 +281,7 @@ class SpawnFuture(Frame):
         self.remote: tuple[int, int] | None = None  # stolen from (rank, key): result goes there
         self.submitted = False  # from outside the run's tasks (Executor.submit): no parent
         self.slot = -1  # its slot on the rank's board (taskgraph.run.board); -2: too large
+        self.watch: list[deque] | None = None
 
     def label(self) -> str:
         """A readable name of the call: ``fib(19)``."""
@@ -461,7 +465,7 @@ def _wrote_into(exc: BaseException, item: SpawnFuture) -> bool:
     return _has_arrays(item.args, item.kwargs)
 
 
-def spawn(fn: Callable, *args: Any, **kwargs: Any) -> SpawnFuture:
+def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
     """Start ``fn(*args, **kwargs)`` as a task of this run; its future, at once.
 
     Call it inside a running task (a ``@tg.task`` function or a kernel). ``fn``: a
@@ -819,6 +823,8 @@ class SpawnRunner:
                     c.state = FAILED
                     c.failure = (c.label(), net.rank, net.size, net.host, why, "")
                     self.calls_ended += 1
+                    for queue in c.watch or ():
+                        queue.append(c)
                 else:  # (running: here, or on a thief that took it, from the board too)
                     self.orphans.add(id(c))
             self.spawn_cv.notify_all()
@@ -863,6 +869,9 @@ class SpawnRunner:
             self.calls_ended += 1
             if failure is not None:
                 self.calls_failed += 1
+            if item.watch is not None:
+                for queue in item.watch:
+                    queue.append(item)
             if self.orphans and id(item) in self.orphans:
                 self.orphans.discard(id(item))
                 if not self.orphans:
