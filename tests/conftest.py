@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -20,17 +21,19 @@ from pathlib import Path
 import pytest
 
 from taskgraph.cluster.launch import python_command, run_ranks
-from taskgraph.core.files import SHM_DIR, SHM_PATTERNS
+from taskgraph.core.files import SHM_DIR, SHM_PATTERNS, TOPOLOGY_PATTERN
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 
 
 def mpi_segments() -> set[str]:
-    """This user's MPI shared-memory segments in /dev/shm."""
+    """This user's MPI shared-memory segments in /dev/shm, and MPI launchers' topology
+    files in the temporary directory."""
     found = set()
-    for pattern in SHM_PATTERNS:
-        for path in Path(SHM_DIR).glob(pattern):
+    places = [(SHM_DIR, p) for p in SHM_PATTERNS] + [(tempfile.gettempdir(), TOPOLOGY_PATTERN)]
+    for where, pattern in places:
+        for path in Path(where).glob(pattern):
             with contextlib.suppress(OSError):
                 if path.stat().st_uid == os.getuid():
                     found.add(str(path))
@@ -94,7 +97,7 @@ def pytest_terminal_summary(terminalreporter):
     if _shm_removed:
         total = sum(n for _, n in _shm_removed)
         terminalreporter.write_line(
-            f"MPI shared-memory segments left by killed jobs, removed: {total} "
+            f"MPI segments and topology files left by killed jobs, removed: {total} "
             f"({', '.join(f'{t} ({n})' for t, n in _shm_removed)})"
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -232,15 +233,16 @@ def test_taskgraph_run_ends_the_job_when_a_rank_calls_sys_exit(run_cli, tmp_path
 NOTES_SEGMENTS = """
 import os
 import taskgraph as tg
-from taskgraph.core.files import SEGMENTS_VAR, shm_files
+from taskgraph.core.files import SEGMENTS_VAR, held_topology, shm_files
 
 cluster = tg.Cluster()
 from mpi4py import MPI
 
-mine = shm_files([os.getpid()])
+mine = shm_files([os.getpid()]) | held_topology([os.getppid()])
 listed = open(os.environ[SEGMENTS_VAR]).read().split()
 mpich = "MPICH" in MPI.Get_library_version()
-print("RANK", cluster.rank, len(mine) if mpich else 1, mine <= set(listed))
+line = f"RANK {cluster.rank} {len(mine) if mpich else 2} {mine <= set(listed)}\\n"
+os.write(1, line.encode())  # (one write: print's pieces of two ranks can interleave)
 """
 
 
@@ -251,8 +253,9 @@ def test_each_rank_notes_its_mpi_segments_for_the_launcher(mpirun, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = sorted(line.split() for line in proc.stdout.splitlines() if line.startswith("RANK"))
     assert [rank for _, rank, _, _ in lines] == ["0", "1"], proc.stdout
-    # every segment it maps is listed (MPICH makes one for 2 ranks on a host)
-    assert all(ok == "True" and int(n) >= 1 for _, _, n, ok in lines), proc.stdout
+    # every segment it maps is listed (MPICH makes one for 2 ranks on a host), and the
+    # topology file its proxy holds (hydra writes one)
+    assert all(ok == "True" and int(n) >= 2 for _, _, n, ok in lines), proc.stdout
 
 
 def test_the_launcher_removes_the_listed_segments_that_are_left(tmp_path):
@@ -261,14 +264,19 @@ def test_the_launcher_removes_the_listed_segments_that_are_left(tmp_path):
     made = [Path(files.SHM_DIR, f"mpich_shm_taskgraphtest{os.getpid()}_{i}") for i in range(2)]
     for path in made:
         path.write_bytes(b"x")
+    topology = Path(tempfile.gettempdir(), f"hydra_hwloc_xmlfile_tgtest{os.getpid()}")
+    topology.write_text("<topology/>")
+    other = tmp_path / "hydra_hwloc_xmlfile_elsewhere"  # (only in the temporary directory)
+    other.write_text("<topology/>")
     listed = tmp_path / "listed"
-    listed.write_text(f"{made[0]}\n/etc/passwd\n")  # (only MPI segments are removed)
+    # (only MPI segments and launcher topology files are removed)
+    listed.write_text(f"{made[0]}\n/etc/passwd\n{topology}\n{other}\n")
     try:
         files.remove_segments(str(listed))
         assert not made[0].exists() and made[1].exists() and not listed.exists()
-        assert Path("/etc/passwd").exists()
+        assert Path("/etc/passwd").exists() and not topology.exists() and other.exists()
     finally:
-        for path in made:
+        for path in [*made, topology]:
             path.unlink(missing_ok=True)
 
 

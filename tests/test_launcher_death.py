@@ -17,15 +17,23 @@ import uuid
 import pytest
 from conftest import _clean_env, assert_none_left, mpi_segments, processes_with
 
-from taskgraph.cluster.launch import SEGMENT_LISTS, sweep_segment_lists
+from taskgraph.cluster.launch import sweep_segment_lists
+from taskgraph.core.files import SEGMENT_LISTS
 
 SCRIPT = """
 import time
 import taskgraph as tg
 
+@tg.task
+def sleeps(seconds):
+    return tg.spawn(time.sleep, seconds).result()  # (a run that steals: boards)
+
 c = tg.Cluster()
+with tg.Graph("slow") as g:
+    sleeps(60)
+run = c.run(g)
 print("rank", c.rank, "up", flush=True)
-time.sleep(60)
+run.wait()
 print("rank", c.rank, "ran to the end", flush=True)
 """
 
@@ -52,11 +60,15 @@ def test_killing_the_launcher_ends_its_ranks(tmp_path, sig):
         while [p for p in processes_with(marker)] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not processes_with(marker), "the job outlived its launcher"
-        # a launcher killed outright left its job's MPI segment and the list of it: the
-        # next launcher sweeps both (a SIGTERMed one removed them itself)
-        sweep_segment_lists()
+        # a launcher killed outright left its job's MPI segment, the list of it and the
+        # ranks' boards: the ranks, SIGTERMed by mpiexec, now remove them as they end
+        # (a SIGTERMed launcher removes them itself); the next launcher's sweep is a
+        # backstop for ranks killed outright too
         lists = glob.glob(os.path.join(tempfile.gettempdir(), f"{SEGMENT_LISTS}{launcher.pid}-*"))
-        assert not lists and not mpi_segments() - before, (lists, mpi_segments() - before)
+        boards = [b for r in ranks for b in glob.glob(f"/dev/shm/taskgraph-board-{r}-*")]
+        left = mpi_segments() - before
+        assert not lists and not left and not boards, (lists, left, boards)
+        sweep_segment_lists()
     finally:
         if launcher.poll() is None:
             launcher.kill()

@@ -43,7 +43,7 @@ import cloudpickle
 
 from ..calibrate import on_this_node
 from ..core.errors import RunError, TaskgraphError
-from ..core.files import shm_files
+from ..core.files import held_topology, shm_files
 from ..dsl.tiled import TiledMatrix
 from ..run import procpool, resources
 from ..run.attempts import wire
@@ -71,7 +71,8 @@ def whoami(token: str | None = None) -> dict:
         "workers": c.workers,
         "single_copy": c.world.single_copy,
         "token": seen,
-        "shm": sorted(shm_files([os.getpid()])),
+        # (what a stopped cluster leaves: its mpiexec is killed, proxies and all)
+        "shm": sorted(shm_files([os.getpid()]) | held_topology([os.getppid()])),
     }
 
 

@@ -6,9 +6,10 @@ its own and, on a timeout or an interrupt, kills the whole group: no rank outliv
 the call. Once ``mpiexec`` itself has exited, whatever it started gets a few seconds
 to let go of the job's output, then the group is killed: a straggler that holds a
 pipe must not hang the caller. A rank killed hard (a crash, SIGKILL, the OOM killer)
-cannot remove MPI's shared-memory segment in ``/dev/shm``: each rank notes its own in a
-file the launcher names (``TASKGRAPH_SEGMENTS``), and after a job that failed the
-launcher removes those left (the next launcher does, if this one was killed).
+cannot remove MPI's shared-memory segment in ``/dev/shm`` (nor its proxy the launcher's
+topology file): each rank notes its own in a file the launcher names
+(``TASKGRAPH_SEGMENTS``), and after a job that failed the launcher removes those left
+(the next launcher does, if this one was killed), and the boards of dead ranks.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..core import config
-from ..core.files import SEGMENTS_VAR, remove_segments
+from ..core.files import (
+    SEGMENT_LISTS,
+    SEGMENTS_VAR,
+    list_launcher,
+    pid_alive,
+    remove_segments,
+)
+from ..run import board
 
 
 @functools.lru_cache(maxsize=8)
@@ -125,10 +133,8 @@ def run_ranks(
             raise
     finally:
         remove_segments(segments)  # (of a job that ended well: none left)
+        board.remove_dead()  # (a rank killed hard leaves its boards)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-SEGMENT_LISTS = "taskgraph-segments-"  # + the launcher's pid: its job's MPI segments
 
 
 def sweep_segment_lists() -> None:
@@ -136,19 +142,9 @@ def sweep_segment_lists() -> None:
     left in the temporary directory (their pid is gone): their segments left in
     /dev/shm removed, then the lists."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{SEGMENT_LISTS}*-*")):
-        pid = os.path.basename(path)[len(SEGMENT_LISTS) :].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        pid = list_launcher(path)
+        if pid is not None and not pid_alive(pid):
             remove_segments(path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # (another user's: alive)
-        return True
-    return True
 
 
 def _die_with_parent() -> None:

@@ -9,7 +9,8 @@
     close()               ── "close" ───────────►  exits, touching nothing
     killed (TERM, HUP, KILL): the pipe closes ──►  EOF: stop(marker) ──────► controller,
                                                    mpiexec, engines, nannies, then the
-                                                   connection files and MPI's /dev/shm
+                                                   connection files, MPI's /dev/shm and
+                                                   the launcher's topology files
 
 Every process of a cluster carries ``TASKGRAPH_CLUSTER=<marker>`` in its environment
 (the launchers pass it), so the watchdog finds them all, even those whose parent died
@@ -28,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..core.files import shm_files
+from ..core.files import held_topology, shm_files
+from ..run.board import files_of as board_files
 
 MARK = "TASKGRAPH_CLUSTER"
 GRACE = 3.0  # seconds between SIGTERM and SIGKILL
@@ -80,10 +82,11 @@ def remove(paths) -> None:
 
 def stop(marker: str, files=(), shm=(), grace: float = GRACE) -> list[int]:
     """End every process carrying ``marker`` (SIGTERM, SIGKILL after ``grace``), then
-    remove ``files``, ``shm`` and the shared memory those processes had mapped.
+    remove ``files``, ``shm``, the shared memory those processes had mapped, the
+    topology files they held and their boards (taskgraph.run.board).
     The PIDs it found."""
     pids = marked(marker)
-    segments = shm_files(pids) | set(shm)
+    segments = shm_files(pids) | held_topology(pids) | set(shm)
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while _alive(pids) and time.monotonic() < deadline:
@@ -94,7 +97,7 @@ def stop(marker: str, files=(), shm=(), grace: float = GRACE) -> list[int]:
         deadline = time.monotonic() + grace
         while _alive(late) and time.monotonic() < deadline:
             time.sleep(0.05)
-    remove(list(files) + sorted(segments))
+    remove(list(files) + sorted(segments) + board_files(pids))
     return pids
 
 

@@ -1,10 +1,12 @@
-"""Files written whole or not at all, and MPI's shared-memory files of processes."""
+"""Files written whole or not at all, and what MPI leaves when killed: the shared-memory
+segments of its ranks, the topology files of its launcher."""
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
 import os
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -60,14 +62,42 @@ def shm_files(pids: list[int]) -> set[str]:
     return files
 
 
+# MPICH's mpiexec (hydra) proxies write the machine's topology here for their ranks and
+# remove it as they exit: a proxy killed (a job's cleanup, a stopped cluster) cannot
+TOPOLOGY_PATTERN = "hydra_hwloc_xmlfile_*"
+
+
+def is_topology(path: str) -> bool:
+    """Whether ``path`` names an MPI launcher's topology file (temporary directory)."""
+    where, name = os.path.split(path)
+    return where == tempfile.gettempdir() and fnmatch.fnmatchcase(name, TOPOLOGY_PATTERN)
+
+
+def held_topology(pids: list[int]) -> set[str]:
+    """The MPI launchers' topology files that these processes hold open."""
+    files: set[str] = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                path = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if is_topology(path):
+                    files.add(path)
+    return files
+
+
 def remove_segments(listed: str) -> None:
-    """Unlink the MPI segments named in the file ``listed`` (one a line, as the ranks
-    of a job wrote them, see :func:`note_segments`) that still exist, and the file."""
+    """Unlink the MPI segments and launcher topology files named in the file ``listed``
+    (one a line, as the ranks of a job wrote them, see :func:`note_segments`) that
+    still exist, and the file."""
     try:
         names = Path(listed).read_text(errors="replace").split()
     except OSError:
         return
-    for path in {p for p in names if is_segment(p)}:  # (each rank lists the same one)
+    for path in {p for p in names if is_segment(p) or is_topology(p)}:  # (ranks share some)
         with contextlib.suppress(OSError):  # (gone: the job ended well)
             os.unlink(path)
     with contextlib.suppress(OSError):
@@ -75,16 +105,36 @@ def remove_segments(listed: str) -> None:
 
 
 SEGMENTS_VAR = "TASKGRAPH_SEGMENTS"  # a file where a job's ranks note their segments
+SEGMENT_LISTS = "taskgraph-segments-"  # + the launcher's pid: such a file's name
+
+
+def list_launcher(path: str) -> int | None:
+    """The pid of the launcher whose segment list ``path`` is (None: not one)."""
+    name = os.path.basename(path)
+    pid = name[len(SEGMENT_LISTS) :].split("-")[0]
+    return int(pid) if name.startswith(SEGMENT_LISTS) and pid.isdigit() else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` lives (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def note_segments() -> None:
-    """Append the MPI segments this process maps to the file its launcher named in
-    ``TASKGRAPH_SEGMENTS`` (nothing without it): the launcher removes those a job that
-    failed left behind (see taskgraph.cluster.launch)."""
+    """Append the MPI segments this process maps, and the topology file its launcher's
+    proxy (its parent) holds, to the file its launcher named in ``TASKGRAPH_SEGMENTS``
+    (nothing without it): the launcher removes those a job that failed left behind
+    (see taskgraph.cluster.launch)."""
     listed = os.environ.get(SEGMENTS_VAR)
     if not listed:
         return
-    mine = shm_files([os.getpid()])
+    mine = shm_files([os.getpid()]) | held_topology([os.getppid()])
     if not mine:
         return
     with contextlib.suppress(OSError):  # (no O_CREAT: on another host it is not there)

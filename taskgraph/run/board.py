@@ -115,7 +115,18 @@ def sweep() -> None:
     global _swept
     if not _swept:
         _swept = True
-        _unlink(dead_files(glob.glob(os.path.join(DIR, PREFIX + "*")), _alive))
+        remove_dead()
+
+
+def remove_dead() -> None:
+    """Remove every board whose process has died (a launcher, once its job has ended:
+    a rank killed hard cannot remove its own)."""
+    _unlink(dead_files(glob.glob(os.path.join(DIR, PREFIX + "*")), _alive))
+
+
+def files_of(pids: list[int]) -> list[str]:
+    """The boards of these processes."""
+    return [f for pid in pids for f in glob.glob(os.path.join(DIR, f"{PREFIX}{pid}-*"))]
 
 
 def unlink_own() -> None:
