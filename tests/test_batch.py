@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 import textwrap
 from pathlib import Path
@@ -277,6 +278,30 @@ def test_the_launcher_removes_the_listed_segments_that_are_left(tmp_path):
         assert Path("/etc/passwd").exists() and not topology.exists() and other.exists()
     finally:
         for path in [*made, topology]:
+            path.unlink(missing_ok=True)
+
+
+def test_a_launchers_guard_cleans_up_only_when_the_launcher_did_not(tmp_path):
+    """A launcher killed outright (SIGKILL) cannot remove what its job's ranks listed,
+    nor their boards: its guard does, once the job's mpiexec has ended; told "close",
+    it touches nothing."""
+    from taskgraph.core import files
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # (a pid that has ended: the job's mpiexec, gone)
+    segment = Path(files.SHM_DIR, f"mpich_shm_taskgraphtest{os.getpid()}_g")
+    board = Path(files.SHM_DIR, f"{files.BOARD_PREFIX}{dead.pid}-0-abc123")
+    listed = tmp_path / f"{files.SEGMENT_LISTS}{dead.pid}-x"
+    try:
+        for path in (segment, board):
+            path.write_bytes(b"x")
+        listed.write_text(f"{segment}\n")
+        assert not files.guard_job(str(listed), [f"pid {dead.pid}\n", "close\n"])
+        assert segment.exists() and board.exists() and listed.exists()
+        assert files.guard_job(str(listed), [f"pid {dead.pid}\n"])  # (the pipe closed)
+        assert not segment.exists() and not board.exists() and not listed.exists()
+    finally:
+        for path in (segment, board):
             path.unlink(missing_ok=True)
 
 

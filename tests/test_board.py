@@ -11,8 +11,9 @@ import time
 
 import pytest
 
+from taskgraph.core.files import dead_files
 from taskgraph.run import board as boardlib
-from taskgraph.run.board import EMPTY, PUBLISHED, TAKEN, Board, PeerBoard, choose, dead_files
+from taskgraph.run.board import EMPTY, PUBLISHED, TAKEN, Board, PeerBoard, choose
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(boardlib.DIR), reason="no /dev/shm here")
 

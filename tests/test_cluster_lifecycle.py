@@ -257,3 +257,24 @@ def test_an_engine_stuck_past_the_task_timeout_is_reported(cluster):
     assert time.monotonic() - t0 < 1.0 + 15
     with pytest.raises(tg.RunError, match="restart"):
         cluster.run(g)
+
+
+@tg.task
+def step(i: int, prev=None) -> int:
+    time.sleep(0.4)
+    return i
+
+
+def test_a_long_run_of_tasks_each_within_its_limit_is_not_called_stuck(cluster):
+    """The heartbeat sat unread once the run's data came in two records (it is read as
+    any mapping now): a run of 0.4 s tasks under a 1 s limit was called stuck and
+    cancelled 6 s in (the longest limit plus STUCK_GRACE)."""
+    from taskgraph.cluster.engine_run import STUCK_GRACE
+
+    with tg.Graph("chain") as g:
+        x = None
+        for i in range(int((1.0 + STUCK_GRACE) / 0.4) + 3):  # (past limit + grace)
+            x = step(i, x)
+    run = cluster.run(g, task_timeout=1.0)
+    run.wait(timeout=60)
+    assert run.result(x) == i

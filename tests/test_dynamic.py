@@ -492,3 +492,42 @@ def test_a_call_may_take_keyword_arguments_named_fn_and_self():
     run = tg.current_cluster().run(open=True)
     assert run.submit(keyed, fn=1, self=3).result() == 13
     run.wait(10)
+
+
+CYCLES = """
+import gc
+import taskgraph as tg
+
+def leaf(i):
+    return i
+
+@tg.task
+def root(n):
+    for _ in range(n):
+        futs = [tg.spawn(leaf, i) for i in range(8)]
+        it = tg.as_completed(futs)
+        next(it)  # one, then the rest let go: in a cycle, the collector finalizes it
+        cycle = [it]
+        cycle.append(cycle)
+        del it, cycle
+        tg.wait(futs)
+    return n
+
+gc.set_threshold(10)
+with tg.Graph("cycles") as g:
+    r = root(3000)
+tg.Cluster().run(g).wait(60)
+print("ROOT", r.result())
+"""
+
+
+def test_an_as_completed_left_in_a_cycle_never_blocks_the_thread_that_collects_it(tmp_path):
+    """Its cleanup took the run's lock: finalized by the collector on a thread that held
+    it (registering another as_completed, spawning), the worker waited on itself."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "cycles.py"
+    script.write_text(CYCLES)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0 and "ROOT 3000" in proc.stdout, proc.stderr[-2000:]

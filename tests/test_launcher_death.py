@@ -60,14 +60,21 @@ def test_killing_the_launcher_ends_its_ranks(tmp_path, sig):
         while [p for p in processes_with(marker)] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not processes_with(marker), "the job outlived its launcher"
+
         # a launcher killed outright left its job's MPI segment, the list of it and the
-        # ranks' boards: the ranks, SIGTERMed by mpiexec, now remove them as they end
-        # (a SIGTERMed launcher removes them itself); the next launcher's sweep is a
-        # backstop for ranks killed outright too
-        lists = glob.glob(os.path.join(tempfile.gettempdir(), f"{SEGMENT_LISTS}{launcher.pid}-*"))
-        boards = [b for r in ranks for b in glob.glob(f"/dev/shm/taskgraph-board-{r}-*")]
-        left = mpi_segments() - before
-        assert not lists and not left and not boards, (lists, left, boards)
+        # ranks' boards: its guard removes them once the job has ended (a SIGTERMed
+        # launcher removes them itself); the next launcher's sweep is a backstop
+        def left() -> tuple:
+            lists = glob.glob(
+                os.path.join(tempfile.gettempdir(), f"{SEGMENT_LISTS}{launcher.pid}-*")
+            )
+            boards = [b for r in ranks for b in glob.glob(f"/dev/shm/taskgraph-board-{r}-*")]
+            return lists, mpi_segments() - before, boards
+
+        deadline = time.monotonic() + 15
+        while any(left()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(left()), left()
         sweep_segment_lists()
     finally:
         if launcher.poll() is None:

@@ -263,7 +263,7 @@ class EngineRun(RunHandle):
         now = time.monotonic()
         longest = self._longest_limit()
         for rank, per_engine in enumerate(data):
-            beat = per_engine.get("alive") if isinstance(per_engine, dict) else None
+            beat = per_engine.get("alive") if isinstance(per_engine, Mapping) else None
             if beat is None:  # stuck before its first heartbeat: silent since it started
                 beat = (None, [])
             heard = self._heard.get(rank)

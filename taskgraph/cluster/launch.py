@@ -8,8 +8,10 @@ to let go of the job's output, then the group is killed: a straggler that holds 
 pipe must not hang the caller. A rank killed hard (a crash, SIGKILL, the OOM killer)
 cannot remove MPI's shared-memory segment in ``/dev/shm`` (nor its proxy the launcher's
 topology file): each rank notes its own in a file the launcher names
-(``TASKGRAPH_SEGMENTS``), and after a job that failed the launcher removes those left
-(the next launcher does, if this one was killed), and the boards of dead ranks.
+(``TASKGRAPH_SEGMENTS``), and after a job that failed the launcher removes those left,
+and the boards of dead ranks. A launcher killed outright cannot: its guard, a small
+process that sees the launcher's pipe close, does it once the job has ended (and the
+next launcher sweeps the lists of dead launchers, should the guard be killed too).
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from ..core import config
+from ..core import config, files
 from ..core.files import (
     SEGMENT_LISTS,
     SEGMENTS_VAR,
     list_launcher,
     pid_alive,
+    remove_dead_boards,
     remove_segments,
 )
-from ..run import board
 
 
 @functools.lru_cache(maxsize=8)
@@ -115,6 +117,7 @@ def run_ranks(
     sweep_segment_lists()
     fd, segments = tempfile.mkstemp(prefix=f"{SEGMENT_LISTS}{os.getpid()}-")
     os.close(fd)
+    guard = _start_guard(segments)
     try:
         proc = subprocess.Popen(
             cmd,
@@ -125,6 +128,7 @@ def run_ranks(
             env=job_environment(env) | {SEGMENTS_VAR: segments},
             preexec_fn=_die_with_parent,  # (this process killed: the launcher ends its job)
         )
+        _tell(guard, f"pid {proc.pid}")
         try:
             with _terminated_as_interrupt():
                 out, err = collect(proc, timeout)
@@ -133,8 +137,58 @@ def run_ranks(
             raise
     finally:
         remove_segments(segments)  # (of a job that ended well: none left)
-        board.remove_dead()  # (a rank killed hard leaves its boards)
+        remove_dead_boards()  # (a rank killed hard leaves its boards)
+        _release(guard)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# the guard: stdlib only, with core/files.py loaded by path (not the package: ~0.1 s)
+GUARD = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.spec_from_file_location('_taskgraph_files', sys.argv[1])\n"
+    "files = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(files)\n"
+    "files.guard_job(sys.argv[2])\n"
+)
+
+
+def _start_guard(listed: str) -> subprocess.Popen | None:
+    """A process that outlives this launcher if it is killed (SIGKILL included): then,
+    once the job has ended, it removes what the ranks listed and their boards
+    (:func:`taskgraph.core.files.guard_job`). None if it cannot start."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-S", "-c", GUARD, files.__file__, listed],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # (the terminal's Ctrl-C is the launcher's to handle)
+            text=True,
+        )
+    except OSError:
+        return None
+
+
+def _tell(guard: subprocess.Popen | None, line: str) -> None:
+    if guard is None:
+        return
+    try:
+        guard.stdin.write(line + "\n")  # type: ignore[union-attr]
+        guard.stdin.flush()  # type: ignore[union-attr]
+    except (OSError, ValueError):
+        pass
+
+
+def _release(guard: subprocess.Popen | None) -> None:
+    """The launcher cleaned up: its guard ends, touching nothing."""
+    if guard is None:
+        return
+    _tell(guard, "close")
+    try:
+        guard.stdin.close()  # type: ignore[union-attr]
+        guard.wait(5)
+    except (OSError, subprocess.TimeoutExpired):
+        guard.kill()
 
 
 def sweep_segment_lists() -> None:

@@ -146,10 +146,15 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
             else:
                 time.sleep(pause)
                 sleep = min(POLL_MAX, sleep * 2)
-    finally:  # (left early: the calls not ended forget this queue)
+    finally:  # (left early: the calls not ended forget this queue, where they can now:
+        # the collector may finalize this generator on a thread that holds the lock)
         for f in spawned.values():
-            with f.owner.lock:
-                f.watch = [q for q in f.watch or () if q is not ended] or None
+            lock = f.owner.lock
+            if lock.acquire(blocking=False):
+                try:
+                    f.watch = [q for q in f.watch or () if q is not ended] or None
+                finally:
+                    lock.release()
 
 
 # -- the client's side of a run on engines ---------------------------------------------

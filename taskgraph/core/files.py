@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import glob
 import os
+import re
 import tempfile
 import uuid
 from pathlib import Path
@@ -104,6 +106,28 @@ def remove_segments(listed: str) -> None:
         os.unlink(listed)
 
 
+BOARD_PREFIX = "taskgraph-board-"  # + pid-n-random: a rank's board (taskgraph.run.board)
+
+
+def dead_files(paths: list[str], alive) -> list[str]:
+    """Of the board files ``paths``, those whose process is gone (``alive(pid)``
+    False): a pure choice."""
+    out = []
+    for path in paths:
+        name = os.path.basename(path)
+        m = re.fullmatch(re.escape(BOARD_PREFIX) + r"(\d+)-\d+-[0-9a-f]+(\.new)?", name)
+        if m and not alive(int(m.group(1))):
+            out.append(path)
+    return out
+
+
+def remove_dead_boards() -> None:
+    """Remove every board whose process has died (a rank killed hard cannot)."""
+    for path in dead_files(glob.glob(os.path.join(SHM_DIR, BOARD_PREFIX + "*")), pid_alive):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 SEGMENTS_VAR = "TASKGRAPH_SEGMENTS"  # a file where a job's ranks note their segments
 SEGMENT_LISTS = "taskgraph-segments-"  # + the launcher's pid: such a file's name
 
@@ -154,3 +178,33 @@ def unlink_own_shm() -> None:
             os.unlink(path)
         except OSError:
             pass
+
+
+GUARD_STEP = 0.05  # seconds between looks at the job's mpiexec, once its launcher died
+GUARD_WAIT = 10.0  # seconds the guard waits for it to end before it removes anyway
+
+
+def guard_job(listed: str, lines=None) -> bool:
+    """A launcher's guard (a process of its own, see taskgraph.cluster.launch): read the
+    launcher's lines (``pid N``: its job's mpiexec; ``close``: it cleaned up itself)
+    until the pipe closes. If it closed without ``close`` (the launcher was killed),
+    wait for the job's mpiexec to end, then remove what the job's ranks listed in
+    ``listed`` (and it) and the boards of dead processes. True if it removed."""
+    import sys
+    import time
+
+    job = None
+    for line in lines if lines is not None else sys.stdin:
+        word, _, arg = line.strip().partition(" ")
+        if word == "close":
+            return False
+        if word == "pid" and arg.isdigit():
+            job = int(arg)
+    deadline = time.monotonic() + GUARD_WAIT
+    while job is not None and pid_alive(job) and time.monotonic() < deadline:
+        time.sleep(GUARD_STEP)
+    for _ in range(2):  # (again a moment later: a rank that outlived its mpiexec)
+        remove_segments(listed) if os.path.exists(listed) else None
+        remove_dead_boards()
+        time.sleep(0.2)
+    return True

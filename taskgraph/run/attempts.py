@@ -184,7 +184,10 @@ class Tally:
         }
 
 
-HANDLED = "  the run ended well: each failure below was caught by its caller or its on_failure"
+HANDLED = (
+    "  the run ended well: each failure below was caught by its caller, handled by its "
+    "on_failure, or kept in its submitted call's future"
+)
 
 
 @dataclass(repr=False)  # (its repr is its text: a script's last expression prints it)
@@ -194,7 +197,8 @@ class Summary:
     checkpoint), ``failed`` (label, rank, error) of the calls whose last attempt
     failed, ``skipped`` (labels of calls not run: an input was skipped), ``retries``
     (attempts after a failed one); ``ended_well``: the run did not fail, so every
-    failure was handled (a caller caught it, or the call's ``on_failure``)."""
+    failure was handled (a caller caught it, the call's ``on_failure``, or it is kept in
+    a submitted call's future)."""
 
     name: str = ""
     succeeded: int = 0

@@ -35,13 +35,14 @@ import glob
 import itertools
 import mmap
 import os
-import re
 import uuid
 
 try:
     import fcntl
 except ImportError:  # (not on Windows: no boards there, thieves ask)
     fcntl = None  # type: ignore[assignment]
+
+from ..core.files import BOARD_PREFIX, SHM_DIR, remove_dead_boards
 
 EMPTY, PUBLISHED, TAKEN = 0, 1, 2  # a slot's states
 STATE, KEY, DEPTH, NBYTES, THIEF = range(5)  # a slot's header fields (int64 each)
@@ -50,8 +51,8 @@ ROW = 8  # int64 fields of a slot's header (64 bytes)
 PAYLOAD = 1 << 14  # bytes of a slot's pickled call: a larger call is asked for by message
 HEAD = 64 * (SLOTS + 1)  # the board's header (``taken``), then the slots' headers
 SIZE = HEAD + SLOTS * PAYLOAD
-DIR = "/dev/shm"
-PREFIX = "taskgraph-board-"
+DIR = SHM_DIR
+PREFIX = BOARD_PREFIX
 _count = itertools.count()
 _swept = False
 
@@ -80,27 +81,6 @@ def at(slot: int, field: int) -> int:
     return ROW * (slot + 1) + field
 
 
-def dead_files(paths: list[str], alive) -> list[str]:
-    """Of the board files ``paths``, those whose process is gone (``alive(pid)``
-    False): a pure choice."""
-    out = []
-    for path in paths:
-        m = re.fullmatch(re.escape(PREFIX) + r"(\d+)-\d+-[0-9a-f]+(\.new)?", os.path.basename(path))
-        if m and not alive(int(m.group(1))):
-            out.append(path)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # (another user's)
-        return True
-    return True
-
-
 def _unlink(paths: list[str]) -> None:
     for path in paths:
         try:
@@ -115,13 +95,7 @@ def sweep() -> None:
     global _swept
     if not _swept:
         _swept = True
-        remove_dead()
-
-
-def remove_dead() -> None:
-    """Remove every board whose process has died (a launcher, once its job has ended:
-    a rank killed hard cannot remove its own)."""
-    _unlink(dead_files(glob.glob(os.path.join(DIR, PREFIX + "*")), _alive))
+        remove_dead_boards()
 
 
 def files_of(pids: list[int]) -> list[str]:

@@ -32,10 +32,8 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import signal
 import socket
 import sys
-import threading
 import time
 from typing import Any
 
@@ -43,14 +41,7 @@ import numpy as np
 
 from ..core import affinity, config
 from ..core.errors import RunError
-from ..core.files import (
-    SEGMENTS_VAR,
-    list_launcher,
-    note_segments,
-    pid_alive,
-    remove_segments,
-    unlink_own_shm,
-)
+from ..core.files import note_segments, unlink_own_shm
 from . import board
 from .singlecopy import CMA_VARS, enable_single_copy
 
@@ -275,29 +266,6 @@ def install_abort_hook(comm, rank: int, size: int) -> None:
     sys.excepthook = hook
 
 
-def install_term_cleanup() -> None:
-    """SIGTERM (mpiexec passes its launcher's death on so, and a batch system its time
-    limit) ends this rank as before, but first removes the names of its MPI segments
-    and boards, and, if its launcher has died, what the launcher's list names: a job
-    whose launcher was SIGKILLed left 2 MiB in /dev/shm. Only on the main thread, and
-    where SIGTERM does its default (a handler of the user's, or ipyparallel's, stays)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _clean_then_end)
-
-
-def _clean_then_end(signum, frame) -> None:
-    unlink_own_shm()
-    board.unlink_own()
-    listed = os.environ.get(SEGMENTS_VAR, "")
-    launcher = list_launcher(listed)
-    if launcher is not None and not pid_alive(launcher):
-        remove_segments(listed)  # (no launcher will: the other ranks' names are in it)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
 class World:
     """The ranks of this job: COMM_WORLD under MPI, or one rank without MPI.
 
@@ -337,7 +305,6 @@ class World:
             self.size = self.parent_size = self.comm.Get_size()
             if self.size > 1:
                 install_abort_hook(self.comm, self.rank, self.size)
-            install_term_cleanup()
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
             self.local_size = node.Get_size()
             self.bound_cpus, self.cores = self._bind(node)
