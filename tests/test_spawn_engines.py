@@ -79,6 +79,7 @@ def test_a_recursive_fib_is_exact_and_the_engines_steal(engines):
     run = engines.run(g, workers=1)
     assert run.result(f) == serial_fib(18) == 2584
     assert run.stats.spawned > 50
+    assert run.calls_ended() == run.stats.spawned  # (every engine's, for the progress line)
     moved = run.stats.steals + run.stats.pushes
     assert moved > 0 and run.trace.steals, "the idle engine stole (or was pushed) nothing"
     for thief, victim, name, _req, _arr, _pushed in run.trace.steals:

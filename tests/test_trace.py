@@ -350,6 +350,31 @@ def test_show_warns_once_where_the_trace_directory_cannot_be_written(tmp_path):
     assert view.files == []
 
 
+def _leaf(i: int) -> int:
+    return i
+
+
+@tg.task
+def _spawns(n: int) -> int:
+    return sum(tg.wait([tg.spawn(_leaf, i) for i in range(n)]))
+
+
+def test_the_progress_line_counts_the_spawned_calls_too(tmp_path):
+    """It said "1/1 task" for a run of 400 spawned calls."""
+    import io
+
+    from taskgraph.trace.widgets import TextView
+
+    with tg.Graph("calls") as g:
+        _spawns(400)
+    stream = io.StringIO()
+    run = tg.current_cluster().run(g)
+    view = TextView(run, directory=str(tmp_path), stream=stream, interval=0.05)
+    run.wait()
+    view.wait(30)
+    assert run.calls_ended() == 400 and "400 calls ended" in stream.getvalue(), stream.getvalue()
+
+
 def test_a_trace_holding_another_ranks_events_only_writes_nothing(tmp_path):
     """On ranks other than 0 of a batch job, run.trace has that rank's events only:
     writing it to the path every rank names would clobber rank 0's whole trace."""

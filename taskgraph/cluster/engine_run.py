@@ -456,14 +456,24 @@ class EngineRun(RunHandle):
 
     def progress(self) -> tuple[int, int]:
         """(tasks done, tasks in all) over every rank, from the latest batches."""
-        latest: dict[int, tuple[int, int]] = {}
         if self.summaries is not None:  # the ranks' final counts
             return sum(s["stats"]["tasks"] for s in self.summaries), self.graph.ntasks
+        return sum(b["done"] for b in self._latest().values()), self.graph.ntasks
+
+    def calls_ended(self) -> int:
+        """Spawned and submitted calls ended so far over every rank, from the latest
+        batches."""
+        return sum(b.get("calls", 0) for b in self._latest().values())
+
+    def _latest(self) -> dict[int, dict]:
+        """Each rank's latest progress batch."""
+        latest: dict[int, dict] = {}
         for per_engine in self._data():
-            for key in sorted(k for k in per_engine if k.startswith("b")):
-                b = per_engine[key]
-                latest[b["rank"]] = (b["done"], b["total"])
-        return sum(d for d, _ in latest.values()), self.graph.ntasks
+            keys = [k for k in per_engine if k.startswith("b")]
+            if keys:
+                b = per_engine[max(keys)]  # (b<seq>, zero-padded: the latest sorts last)
+                latest[b["rank"]] = b
+        return latest
 
 
 def _settle_ended_runs() -> None:

@@ -400,6 +400,7 @@ def _publish_batch(publish, run, seq: int, cursor, t0: float, final: bool = Fals
     done, total = ex.progress()
     seq += 1
     batch.update(done=done, total=total, elapsed=time.perf_counter() - t0, final=final)
+    batch["calls"] = ex.calls_finished
     publish({f"b{seq:06d}": batch})
     return seq, cursor
 

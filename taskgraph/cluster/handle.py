@@ -84,6 +84,11 @@ class RunHandle:
         """(tasks done, tasks in all), as far as this side knows now."""
         raise NotImplementedError
 
+    def calls_ended(self) -> int:
+        """Spawned and submitted calls ended so far, as far as this side knows (a batch
+        job's rank: its own; the notebook: every engine's, from their batches)."""
+        return 0
+
     def batches(self) -> list[dict]:
         """Progress and event batches that arrived since the last call, in order."""
         raise NotImplementedError

@@ -397,6 +397,11 @@ class Run(RunHandle):
         ex = self._executor
         return ex.progress() if ex is not None else (0, len(self.rank_plan.tasks))
 
+    def calls_ended(self) -> int:
+        """Spawned and submitted calls of this rank (wherever they ran) ended so far."""
+        ex = self._executor
+        return ex.calls_finished if ex is not None else 0
+
     def batches(self) -> list[dict]:
         """This rank's events since the last call (the notebook view polls these)."""
         ex = self._executor
@@ -405,6 +410,7 @@ class Run(RunHandle):
         batch, self._cursor = ex.trace.batch(self._cursor)
         done, total = ex.progress()
         batch.update(done=done, total=total, elapsed=ex.trace.now(), final=self.done())
+        batch["calls"] = ex.calls_finished
         return [batch]
 
     @property

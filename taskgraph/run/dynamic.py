@@ -823,6 +823,7 @@ class SpawnRunner:
                     c.state = FAILED
                     c.failure = (c.label(), net.rank, net.size, net.host, why, "")
                     self.calls_ended += 1
+                    self.calls_finished += 1
                     for queue in c.watch or ():
                         queue.append(c)
                 else:  # (running: here, or on a thief that took it, from the board too)
@@ -867,6 +868,8 @@ class SpawnRunner:
                 item.exc, item.failure = exc, failure
                 item.state = FAILED
             self.calls_ended += 1
+            if item.remote is None:  # (a stolen one counts where it was spawned)
+                self.calls_finished += 1
             if failure is not None:
                 self.calls_failed += 1
             if item.watch is not None:

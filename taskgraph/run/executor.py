@@ -178,6 +178,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.spawn_waiting = 0
         self.calls_ended = 0  # spawned calls that ended here (tg.as_completed waits on it)
         self.calls_failed = 0  # ... of them failed (tg.wait and the join raise at once)
+        self.calls_finished = 0  # calls spawned or submitted here that ended (anywhere)
         self.orphans: set[int] = set()  # ids of calls running whose failed parent went on
         self.spawned_running = 0
         self.wait_depths: list[int] = []

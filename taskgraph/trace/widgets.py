@@ -185,6 +185,9 @@ class TextView:
         while True:
             finished = self.run.done()
             bar.update(max(0, self.run.progress()[0] - bar.n))
+            calls = self.run.calls_ended()
+            if calls:  # (a run of spawned or submitted calls: its tasks say little)
+                bar.set_postfix_str(f"{calls} calls ended", refresh=False)
             if finished:
                 break
             time.sleep(self.interval)
