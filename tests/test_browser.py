@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import ROOT, _clean_env, assert_none_left
+from conftest import ROOT, _clean_env, assert_none_left, mpi_segments, unused
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(420)]
 
@@ -63,6 +63,7 @@ def lab(tmp_path):
     port, token, marker = free_port(), uuid.uuid4().hex, uuid.uuid4().hex
     env = _clean_env(TASKGRAPH_TEST_JOB=marker, JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
     log = open(tmp_path / "server.log", "wb")  # closed in the finally below
+    before = mpi_segments()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -111,6 +112,12 @@ def lab(tmp_path):
                 continue
         log.close()
         assert_none_left(marker)
+        # the engines' segments and their proxies' topology files, killed with the
+        # server's group before the kernel could close its cluster: the watchdog's
+        deadline = time.monotonic() + 10
+        while unused(mpi_segments() - before) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not unused(mpi_segments() - before)
 
 
 @needs_browser

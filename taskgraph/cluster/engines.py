@@ -155,6 +155,10 @@ class EngineCluster(Cluster, kind="engines"):
             guard.watch(self._marker, self._leftover_files())
             client = self._ipp.connect_client_sync()
             self._connect(client, n)
+            # (and what the engines map and their proxies hold: a signal to the whole
+            # process group, a notebook server's stop, kills those before they clean up)
+            shm = [f for info in getattr(self, "infos", []) for f in info.get("shm", ())]
+            guard.watch(self._marker, self._leftover_files() + shm)
         except BaseException:
             self._stop_started()
             raise
