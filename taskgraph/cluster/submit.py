@@ -42,7 +42,7 @@ from ..dsl.graph import Graph, task
 from ..dsl.options import RunOptions
 from ..run.attempts import Skipped
 from ..run.context import TaskAbandoned
-from ..run.dynamic import DONE, FAILED, SpawnFuture
+from ..run.dynamic import FAILED, SpawnFuture
 
 POLL_MIN, POLL_MAX = 0.001, 0.02  # seconds between looks at futures that have not ended
 
@@ -94,12 +94,10 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
     others: list = []  # any other kind, looked at in turn
     for f in dict.fromkeys(futures):  # (each once, in order)
         if isinstance(f, SpawnFuture):
-            with f.owner.lock:
-                if f.state < DONE:
-                    f.watch = [*(f.watch or ()), ended]
-                    spawned[id(f)] = f
-                    continue
-            ready.append(f)
+            if f.put_on_end(ended):
+                spawned[id(f)] = f
+            else:
+                ready.append(f)
         elif _done(f):
             ready.append(f)
         else:
@@ -146,15 +144,9 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
             else:
                 time.sleep(pause)
                 sleep = min(POLL_MAX, sleep * 2)
-    finally:  # (left early: the calls not ended forget this queue, where they can now:
-        # the collector may finalize this generator on a thread that holds the lock)
+    finally:  # (left early: the calls not ended forget this queue)
         for f in spawned.values():
-            lock = f.owner.lock
-            if lock.acquire(blocking=False):
-                try:
-                    f.watch = [q for q in f.watch or () if q is not ended] or None
-                finally:
-                    lock.release()
+            f.forget(ended)
 
 
 # -- the client's side of a run on engines ---------------------------------------------
@@ -407,15 +399,8 @@ class Inbox:
 
     def _watch(self, fut: Any) -> None:
         """Have ``fut`` put on ``ended_queue`` as it ends (now, if it has)."""
-        owner = getattr(fut, "owner", None)
-        if owner is None:  # (refused: ended)
-            self.ended_queue.append(fut)
-            return
-        with owner.lock:
-            if fut.state < DONE:
-                fut.watch = [*(fut.watch or ()), self.ended_queue]
-                return
-        self.ended_queue.append(fut)
+        if not isinstance(fut, SpawnFuture) or not fut.put_on_end(self.ended_queue):
+            self.ended_queue.append(fut)  # (refused, or ended already)
 
     def outstanding(self) -> bool:
         """Whether some calls have not been published yet."""

@@ -204,7 +204,7 @@ def guard_job(listed: str, lines=None) -> bool:
     while job is not None and pid_alive(job) and time.monotonic() < deadline:
         time.sleep(GUARD_STEP)
     for _ in range(2):  # (again a moment later: a rank that outlived its mpiexec)
-        remove_segments(listed) if os.path.exists(listed) else None
+        remove_segments(listed)
         remove_dead_boards()
         time.sleep(0.2)
     return True

@@ -283,6 +283,29 @@ class SpawnFuture(Frame):
         self.slot = -1  # its slot on the rank's board (taskgraph.run.board); -2: too large
         self.watch: list[deque] | None = None
 
+    def put_on_end(self, queue: deque) -> bool:
+        """Have this call put on ``queue`` as it ends: True, or False if it has ended."""
+        with self.owner.lock:
+            if self.state >= DONE:
+                return False
+            self.watch = [*(self.watch or ()), queue]
+            return True
+
+    def forget(self, queue: deque) -> None:
+        """Put it on ``queue`` no more, if the run's lock is free now (a collector may
+        finalize the waiter on a thread that holds it: then the queue stays, unread)."""
+        lock = self.owner.lock
+        if lock.acquire(blocking=False):
+            try:
+                self.watch = [q for q in self.watch or () if q is not queue] or None
+            finally:
+                lock.release()
+
+    def ended(self) -> None:
+        """It has ended: onto each queue that watches it. Lock held."""
+        for queue in self.watch or ():
+            queue.append(self)
+
     def label(self) -> str:
         """A readable name of the call: ``fib(19)``."""
         if not self.name:
@@ -824,8 +847,7 @@ class SpawnRunner:
                     c.failure = (c.label(), net.rank, net.size, net.host, why, "")
                     self.calls_ended += 1
                     self.calls_finished += 1
-                    for queue in c.watch or ():
-                        queue.append(c)
+                    c.ended()
                 else:  # (running: here, or on a thief that took it, from the board too)
                     self.orphans.add(id(c))
             self.spawn_cv.notify_all()
@@ -873,8 +895,7 @@ class SpawnRunner:
             if failure is not None:
                 self.calls_failed += 1
             if item.watch is not None:
-                for queue in item.watch:
-                    queue.append(item)
+                item.ended()
             if self.orphans and id(item) in self.orphans:
                 self.orphans.discard(id(item))
                 if not self.orphans:
