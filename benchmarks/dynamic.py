@@ -8,7 +8,8 @@ Per program, in this process: the serial program (the numba leaf of
 :mod:`benchmarks.leaves` called on the root, best of REPEAT) and
 ``ProcessPoolExecutor(2)`` with static chunking of the same leaves (the top levels
 unfolded serially into leaf calls, dealt round-robin into one chunk per process, best
-of REPEAT, the pool started and its leaves compiled beforehand). Then the taskgraph
+of REPEAT, the unfolding timed with the rest; the pool started and its leaves compiled
+beforehand). Then the taskgraph
 version, recursive functions that ``tg.spawn`` their subproblems and wait for them
 (``fut.result()``, ``tg.wait``), in real ``mpiexec`` jobs of 1, 2, 3 and 4 ranks x 1
 worker (3 and 4 oversubscribed on 2 cores), one warm-up run and best of REPEAT timed
@@ -144,10 +145,11 @@ def best_seconds(fn, repeat: int = REPEAT) -> tuple[float, Any]:
 
 
 def pool_seconds(p: Program, pool: ProcessPoolExecutor) -> tuple[float, int]:
-    """Best time of the statically chunked program on ``pool``, and its value."""
-    base, items = chunks(p)
+    """Best time of the statically chunked program on ``pool``, and its value: the
+    unfolding of the top levels counts, as the task version's and the serial one do."""
 
     def once() -> int:
+        base, items = chunks(p)
         parts = [pool.submit(run_chunk, p.name, items[i::POOL]) for i in range(POOL)]
         return base + sum(f.result() for f in parts)
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -202,6 +203,51 @@ def assert_no_new_children(before: set[int]) -> None:
     assert not described, f"processes left behind: {described}"
 
 
+HANG_DUMP = 12.0  # seconds before a job's timeout when what its processes do is noted
+GDB_BUDGET = 6.0  # seconds of those for native stacks (gdb, where it is installed)
+
+
+def dump_hung(marker: str, hung: list[str]) -> None:
+    """A job still running near its timeout: note in ``hung`` each of its processes
+    (command, state, each thread's kernel wait channel; its native stacks where gdb is
+    installed), then abort its Python ranks, whose faulthandler prints every thread's
+    Python stack on their stderr (none once in MPI_Finalize: faulthandler is off by
+    then). A rare hang in CI is otherwise a bare timeout."""
+    import shutil
+
+    import psutil
+
+    gdb = shutil.which("gdb")
+    until = time.monotonic() + GDB_BUDGET
+    ranks = []
+    procs = []
+    for pid in processes_with(marker):
+        with contextlib.suppress(psutil.Error):
+            procs.append((psutil.Process(pid), psutil.Process(pid).cmdline()))
+    procs.sort(key=lambda pc: not (pc[1] and "python" in os.path.basename(pc[1][0])))
+    for p, cmd in procs:  # (the ranks first: gdb's time may not cover them all)
+        pid = p.pid
+        with contextlib.suppress(psutil.Error, OSError):
+            waits = []
+            for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+                with contextlib.suppress(OSError):
+                    waits.append(f"{task.name}:{(task / 'wchan').read_text() or '-'}")
+            hung.append(f"{pid} {p.status()} {' '.join(cmd)[:120]} waits {' '.join(waits)}")
+            if gdb and time.monotonic() < until:
+                with contextlib.suppress(subprocess.SubprocessError, OSError):
+                    out = subprocess.run(
+                        [gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 12"],
+                        capture_output=True, text=True, timeout=max(0.5, until - time.monotonic()),
+                    ).stdout  # fmt: skip
+                    frames = [ln for ln in out.splitlines() if ln.startswith(("#", "Thread "))]
+                    hung.append("\n".join(frames))
+            if cmd and "python" in os.path.basename(cmd[0]):
+                ranks.append(pid)
+    for pid in ranks:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGABRT)
+
+
 def assert_none_left(marker: str) -> None:
     deadline = time.monotonic() + 5
     while (left := processes_with(marker)) and time.monotonic() < deadline:
@@ -222,13 +268,26 @@ def mpirun():
         marker = f"TASKGRAPH_TEST_JOB={uuid.uuid4().hex}"
         key, value = marker.split("=")
         job_env = _clean_env(**{key: value, "SCENARIO_TIMEOUT": str(max(5, timeout - 10))})
+        job_env["PYTHONFAULTHANDLER"] = "1"  # (a hung rank's threads, on SIGABRT: below)
         job_env.update(env or {})
+        hung: list[str] = []
+        timer = threading.Timer(max(1.0, timeout - HANG_DUMP), dump_hung, (marker, hung))
+        timer.daemon = True
+        timer.start()
         try:
             proc = run_ranks(n, argv, timeout=timeout, capture=True, env=job_env)
         except subprocess.TimeoutExpired:
             assert_none_left(marker)
-            pytest.fail(f"mpiexec -n {n} {' '.join(argv)} ran past {timeout} s")
+            pytest.fail(f"mpiexec -n {n} {' '.join(argv)} ran past {timeout} s: " + "\n".join(hung))
+        finally:
+            timer.cancel()
         assert_none_left(marker)
+        if hung:
+            pytest.fail(
+                f"mpiexec -n {n} {' '.join(argv)} hung for {timeout - HANG_DUMP:g} s; its "
+                "processes then:\n" + "\n".join(hung) + "\nwhat the ranks printed:\n"
+                f"{proc.stdout[-2000:]}\n{proc.stderr[-8000:]}"
+            )
         return proc
 
     return run

@@ -204,6 +204,7 @@ def blas_limit(threads: int):
 
 
 _flight_lock = threading.Lock()
+THREAD_END = 2.0  # seconds wait() gives a run's thread, ended, to return
 _in_flight: list[Run] = []  # the runs of this process not ended yet, in the order made
 
 
@@ -500,6 +501,10 @@ class Run(RunHandle):
             raise
         if not self.done():
             raise TimeoutError(f"run of {self.graph.name!r} still {self.state()} after {timeout} s")
+        # (its last lines too: a script that ends now goes into MPI_Finalize, which no
+        # thread that called MPI should still be running beside)
+        if self._thread is not threading.current_thread():
+            self._thread.join(THREAD_END)
         if self._error is not None:
             raise self._error
         self._say_summary()  # (in a script, if anything failed, was skipped or retried)

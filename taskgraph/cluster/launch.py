@@ -121,6 +121,7 @@ def run_ranks(
     try:
         proc = subprocess.Popen(
             cmd,
+            stdin=subprocess.DEVNULL if capture else None,  # (nothing to forward to rank 0)
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.PIPE if capture else None,
             text=True,
