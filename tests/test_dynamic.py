@@ -313,6 +313,91 @@ def test_an_uncaught_child_exception_fails_the_run_naming_the_child(parent, work
     assert not run.summary().ended_well and HANDLED not in str(run.summary())
 
 
+def leaf_fails_at(i: int, bad: tuple) -> int:
+    time.sleep(0.02)
+    if i in bad:
+        raise ValueError(f"leaf {i} bad")
+    return i
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_caught_wait_has_handled_every_call_it_waited_for(workers):
+    """Two of eight calls fail; the task catches tg.wait's error and returns. The
+    implicit join raised the other failure, and the run failed, the catch ignored."""
+
+    @tg.task
+    def gathers():
+        futs = [tg.spawn(leaf_fails_at, i, (3, 6)) for i in range(8)]
+        try:
+            return tg.wait(futs)
+        except ValueError as exc:
+            return f"handled {exc.task}"
+
+    with tg.Graph("caught-wait") as g:
+        r = gathers()
+    run = run_in_process(g, workers)
+    assert r.result() in ("handled leaf_fails_at(3, (3, 6))", "handled leaf_fails_at(6, (3, 6))")
+    assert run.summary().ended_well
+
+
+def test_a_spawned_calls_timeout_is_caught_as_a_timeout_error():
+    @tg.task(timeout=0.3)
+    def slow():
+        time.sleep(5)
+
+    @tg.task
+    def waits():
+        try:
+            tg.spawn(slow).result()
+        except TimeoutError as exc:  # (a SpawnedTaskError(TimeoutError))
+            return f"timed out: {isinstance(exc, tg.SpawnedTaskError)}"
+        return "not raised"
+
+    with tg.Graph("timeout-caught") as g:
+        r = waits()
+    run_in_process(g, 1)
+    assert r.result() == "timed out: True"
+
+
+class CodedError(Exception):
+    def __init__(self, code: int, detail: str):  # (other arguments than its args)
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+
+
+def test_an_exception_that_takes_other_arguments_travels_with_its_attributes():
+    """As it goes to another rank: only its class came back, ``e.code`` lost."""
+    from taskgraph.run.dynamic import dump_original, load_original, spawned_error
+
+    back = load_original(dump_original(CodedError(42, "bad")))
+    assert type(back) is CodedError and back.code == 42 and back.args == ("code 42: bad",)
+    err = spawned_error(("f(1)", 1, 2, "host", "CodedError: code 42: bad", ""), back)
+    assert isinstance(err, CodedError) and err.code == 42
+    back = load_original(dump_original(FileNotFoundError(2, "gone", "/x")))  # (its own pickle)
+    assert isinstance(back, FileNotFoundError) and back.filename == "/x"
+
+
+def test_async_functions_are_refused_as_tasks_spawned_calls_and_submissions():
+    async def coro(x):
+        return x
+
+    with pytest.raises(TypeError, match="@tg.task coro: an async def function is not a task"):
+        tg.task(coro)
+
+    @tg.task
+    def spawns():
+        tg.spawn(coro, 1)
+
+    with tg.Graph("async") as g:
+        spawns()
+    with pytest.raises(tg.TaskError, match="tg.spawn: coro: an async def function"):
+        run_in_process(g, 1)
+    run = tg.current_cluster().run(open=True)
+    with pytest.raises(TypeError, match="run.submit: coro: an async def function"):
+        run.submit(coro, 1)
+    run.wait(10)
+
+
 def test_the_result_carries_the_original_exception_as_cause():
     seen: list[BaseException] = []
 

@@ -90,18 +90,19 @@ def test_a_spawned_error_is_also_of_its_originals_class_and_survives_pickling():
     )  # (only the class came: one class per original class)
 
 
-class TwoArgs(Exception):  # (its pickle cannot rebuild it: args is one string)
+class TwoArgs(Exception):  # (its plain pickle cannot rebuild it: args is one string)
     def __init__(self, a, b):
         super().__init__(f"{a} {b}")
 
 
 def test_what_a_spawned_error_does_not_become():
     """Not a StopIteration (a loop over results would end early, silently), not one of
-    the runtime's own (a child's AttemptTimeout blamed the parent), and a child's
-    rewritten "wrote into an array" error is not the parent's own write."""
+    the runtime's own (a child's AttemptTimeout blamed the parent: a TimeoutError only),
+    and a child's rewritten "wrote into an array" error is not the parent's own write."""
     failure = ("f(1)", 0, 1, "vm", "StopIteration", "")
     assert type(spawned_error(failure, StopIteration())) is SpawnedTaskError
-    assert type(spawned_error(failure, AttemptTimeout("late"))) is SpawnedTaskError
+    late = spawned_error(failure, AttemptTimeout("late"))  # (a TimeoutError, as it is)
+    assert isinstance(late, TimeoutError) and not isinstance(late, AttemptTimeout)
     wrote = spawned_error(failure, ValueError(f"child(a) wrote into a NumPy array ({WROTE})"))
     parent = SpawnFuture(None, print, (np.zeros(2),), {}, 1)
     assert isinstance(wrote, ValueError) and not _wrote_into(wrote, parent)
@@ -110,7 +111,7 @@ def test_what_a_spawned_error_does_not_become():
 
 def test_a_stolen_errors_class_comes_back_where_its_instance_cannot():
     back = load_original(dump_original(TwoArgs(1, 2)))
-    assert back is TwoArgs  # (the class, apart: the instance needs two arguments)
+    assert type(back) is TwoArgs and back.args == ("1 2",)  # (remade without __init__)
     assert isinstance(spawned_error(("f", 0, 1, "vm", "TwoArgs: 1 2", ""), back), TwoArgs)
     assert isinstance(load_original(dump_original(ValueError("x"))), ValueError)
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import pickling
-from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..core.errors import RemoteTraceback, RunError, TaskError, refuse_async
 from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.graph import Graph
 from ..dsl.options import NO_RUN_OPTIONS, RunOptions
@@ -173,6 +173,7 @@ class EngineRun(RunHandle):
             raise RunError(
                 f"run {self.graph.name!r} {what}: {call_label(fn, args, kwargs)} not submitted"
             )
+        refuse_async(fn, "run.submit:")
         check_values(fn, args, kwargs, "run.submit")
         n, self._submitted = self._submitted, self._submitted + 1
         key, rank = f"s{n:08d}", n % self.cluster.size

@@ -9,6 +9,9 @@ when the failure happened on another rank).
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 
 class TaskgraphError(Exception):
     """Base class of every error raised by taskgraph."""
@@ -93,3 +96,19 @@ class ExecutableError(TaskgraphError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.result))
+
+
+_ASYNC = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def refuse_async(fn: Any, what: str) -> None:
+    """TypeError naming ``fn`` if it is an ``async def`` function: tasks and spawned
+    calls run on worker threads, where a coroutine would come back unrun as the value
+    (or fail to pickle on its way to another rank)."""
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_flags & _ASYNC:
+        raise TypeError(
+            f"{what} {getattr(fn, '__name__', fn)!s}: an async def function is not a task; "
+            "write it as a plain def: it runs on a worker thread, and waits for what it "
+            "spawns with fut.result() or tg.wait(futs), running other work meanwhile"
+        )

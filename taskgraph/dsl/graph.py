@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.errors import GraphError
+from ..core.errors import GraphError, refuse_async
 from . import builder as recording
 from . import nested, order
 from .options import DEFAULT, TaskOptions
@@ -195,6 +195,7 @@ def task(
     """
 
     def make(f):
+        refuse_async(f, "@tg.task")
         opts = TaskOptions.make(f"task {f.__name__}", timeout=timeout, **options)
         return TaskFunction(f, cost, timeout, nbytes, opts)
 

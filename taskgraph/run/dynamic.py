@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..core import pickling
-from ..core.errors import RemoteTraceback, RunError, TaskError
+from ..core.errors import RemoteTraceback, RunError, TaskError, refuse_async
 from ..dsl.nested import readonly_view
 from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
 from ..trace.recorder import TASK_DONE, TASK_FAILED
@@ -160,7 +160,10 @@ def _kind(cls: type) -> type:
     if not issubclass(cls, Exception) or issubclass(cls, _PLAIN_KINDS):
         return SpawnedTaskError
     if cls.__module__.split(".")[0] == "taskgraph":  # (its own: AttemptTimeout, RunError)
-        return SpawnedTaskError
+        # the builtin class it is too (AttemptTimeout: TimeoutError), where ours is not
+        cls = next(b for b in cls.__mro__ if b.__module__ == "builtins")
+        if issubclass(SpawnedTaskError, cls):
+            return SpawnedTaskError
     kind = _KINDS.get(cls)
     if kind is None:
         try:
@@ -185,18 +188,40 @@ def root_cause(exc: BaseException) -> Any:
 
 def dump_original(original: Any) -> bytes | None:
     """An exception (or its class) pickled to travel to another rank, by cloudpickle (a
-    script's own class comes back as itself): the instance and, apart, its class (an
-    instance whose class takes other arguments than its ``args`` cannot be rebuilt)."""
+    script's own class comes back as itself): the instance, the instance again as
+    :class:`_Remade` (where its class takes other arguments than its ``args``, so
+    that the plain pickle cannot be loaded) and, apart, its class."""
     if original is None:
         return None
     kind = original if isinstance(original, type) else type(original)
     parts: list[bytes | None] = []
-    for obj in (original, kind):
+    remade = None if isinstance(original, type) else _Remade(original)
+    for obj in (original, remade, kind):
         try:
-            parts.append(pickling.dumps(obj))
+            parts.append(None if obj is None else pickling.dumps(obj))
         except Exception:  # noqa: BLE001 - an unpicklable argument: the class alone
             parts.append(None)
     return pickle.dumps(tuple(parts))
+
+
+class _Remade:
+    """An exception pickled to be rebuilt without its ``__init__`` (one that takes
+    other arguments than its ``args``, ``MyError(code, detail)``): its class, ``args``
+    and attributes, so ``e.code`` reads the same on the rank that catches it."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def __reduce__(self):
+        exc = self.exc
+        return (_remake, (type(exc), exc.args, dict(getattr(exc, "__dict__", {}))))
+
+
+def _remake(kind: type, args: tuple, state: dict) -> BaseException:
+    exc = kind.__new__(kind, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 def load_original(blob: bytes | None) -> Any:
@@ -492,12 +517,15 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
     """Start ``fn(*args, **kwargs)`` as a task of this run; its future, at once.
 
     Call it inside a running task (a ``@tg.task`` function or a kernel). ``fn``: a
-    ``@tg.task`` function or any callable; ``args``, ``kwargs``: its arguments (values:
-    the call may run on another rank, on a copy; a NumPy array among them arrives as a
-    read-only view, so a call that writes into it fails alike on every rank count).
+    ``@tg.task`` function or any callable (not ``async def``); ``args``, ``kwargs``: its
+    arguments, read where the call runs (on another rank: copies made as it was
+    stolen; here: the objects themselves, so do not change one after spawning it). A
+    NumPy array among them arrives as a read-only view, so a call that writes into it
+    fails alike on every rank count.
     Wait with ``fut.result()`` or :func:`wait`; the calling task counts as done only
     once every call it spawned has ended. RuntimeError outside a running task."""
     ex, index, frames = _context("tg.spawn")
+    refuse_async(fn, "tg.spawn:")
     if not plain(args, kwargs):
         check_values(fn, args, kwargs, "tg.spawn")
         args, kwargs = read_only(args, kwargs)
@@ -509,21 +537,28 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
 def wait(futures: Iterable[SpawnFuture]) -> list:
     """The values of ``futures`` (spawned calls), in their order, once all have ended;
     raises a failed one's :class:`SpawnedTaskError` as soon as one has failed (the
-    first in the list, of those failed by then)."""
+    first in the list, of those failed by then). A task that catches it has handled
+    every call of the list: another that fails, before or after, fails nothing more
+    (as with Ray's ``get`` and Dask's ``gather``)."""
     futures = list(futures)
     looked: dict[int, int] = {}  # run -> its failed calls when this wait last looked
     values = []
-    for f in futures:
-        while f.state < DONE:  # (until it ends, or one of them fails: raised at once,
-            owner = f.owner  # not after the tree below the calls before it: an error
-            failed = owner.calls_failed  # 6 levels down 729 calls came out 18 s late)
-            if looked.get(id(owner)) != failed:
-                looked[id(owner)] = failed
-                for g in futures:
-                    if g.state == FAILED:
-                        g.result()  # (raises)
-            owner.wait_for(f, lambda o=owner, n=failed: o.calls_failed != n)
-        values.append(f.result())
+    try:
+        for f in futures:
+            while f.state < DONE:  # (until it ends, or one of them fails: raised at once,
+                owner = f.owner  # not after the tree below the calls before it: an error
+                failed = owner.calls_failed  # 6 levels down 729 calls came out 18 s late)
+                if looked.get(id(owner)) != failed:
+                    looked[id(owner)] = failed
+                    for g in futures:
+                        if g.state == FAILED:
+                            g.result()  # (raises)
+                owner.wait_for(f, lambda o=owner, n=failed: o.calls_failed != n)
+            values.append(f.result())
+    except SpawnedTaskError:
+        for g in futures:  # (the parent's join raises none of theirs: see join)
+            g.observed = True
+        raise
     return values
 
 
@@ -600,6 +635,7 @@ class SpawnRunner:
         pool as a child of no task (it may be stolen); its future. Any thread; the run
         does not end on this rank before it has ended. RunError once the run stops or
         no longer takes calls (see :meth:`close_submissions`)."""
+        refuse_async(fn, "run.submit:")
         args, kwargs = read_only(args, kwargs)
         fut = SpawnFuture(self, attempts.spawn_fn(fn), args, kwargs, 1)
         self.check_call(fn, fut)
