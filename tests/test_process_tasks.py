@@ -58,3 +58,40 @@ def test_gil_bound_calls_run_in_parallel_processes(mpirun, tmp_path):
     assert float(line.split()[-1]) > 0.1, out  # they ran at the same time
     assert "pool 2" in out, out
     assert "refused task greedy#0() asks for 4 cores" in out, out
+
+
+DIES = """
+import os
+import taskgraph as tg
+
+@tg.task(process=True)
+def dies():
+    os._exit(3)  # (as a call into MPI there does: its PMI_Init fails)
+
+@tg.task
+def fine():
+    return 7
+
+c = tg.Cluster()
+with tg.Graph("dies") as g:
+    dies()
+try:
+    c.run(g).wait(60)
+except tg.TaskError as exc:
+    print(f"failed {exc}", flush=True)
+with tg.Graph("after") as g2:
+    r = fine()
+c.run(g2).wait(60)
+print(f"after {r.result()}", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_process_that_dies_is_named_with_why_it_may_have(mpirun, tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(textwrap.dedent(DIES))
+    proc = mpirun(1, [str(script)], timeout=90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "task dies#0() (process=True): the pool's process died" in proc.stdout, proc.stdout
+    assert "not an MPI rank: a call there cannot use mpi4py" in proc.stdout, proc.stdout
+    assert "after 7" in proc.stdout

@@ -167,7 +167,9 @@ def result(fut: concurrent.futures.Future, label: str) -> tuple[Any, float, floa
         out = fut.result()
     except concurrent.futures.process.BrokenProcessPool as exc:
         raise ProcessCallError(
-            f"task {label} (process=True): the pool's process died ({exc})"
+            f"task {label} (process=True): the pool's process died ({exc}); killed, out of "
+            "memory, or it crashed: its stderr says why (a pool's process is not an MPI "
+            "rank: a call there cannot use mpi4py)"
         ) from None
     ok, body, started, ended = cloudpickle.loads(out)
     if ok:
