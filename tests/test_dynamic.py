@@ -359,6 +359,35 @@ def test_a_spawned_calls_timeout_is_caught_as_a_timeout_error():
     assert r.result() == "timed out: True"
 
 
+def test_result_and_wait_take_a_timeout_and_the_calls_go_on():
+    """The waiter would run a call still in the pool itself (no timeout then, as with
+    any call it runs meanwhile): this one runs on the other worker."""
+
+    @tg.task
+    def impatient():
+        slow = tg.spawn(time.sleep, 1.0)
+        while slow.state < 1:  # (RUNNING: the idle worker took it)
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        try:
+            slow.result(timeout=0.2)
+        except TimeoutError as exc:
+            one = f"{exc} in {time.monotonic() - t0:.1f}"
+        try:
+            tg.wait([tg.spawn(abs, -1), slow], timeout=0.2)
+        except TimeoutError as exc:
+            both = str(exc)
+        return one, both, slow.result(timeout=5), tg.wait([slow], timeout=5)
+
+    with tg.Graph("timeouts") as g:
+        r = impatient()
+    run_in_process(g, 2)
+    one, both, value, values = r.result()
+    assert re.fullmatch(r"sleep\(1\.0\) has not ended after 0\.2 s in 0\.[2-9]", one), one
+    assert both.startswith("1 of 2 spawned calls have not ended after 0.2 s"), both
+    assert value is None and values == [None]
+
+
 class CodedError(Exception):
     def __init__(self, code: int, detail: str):  # (other arguments than its args)
         super().__init__(f"code {code}: {detail}")

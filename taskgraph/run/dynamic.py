@@ -342,12 +342,16 @@ class SpawnFuture(Frame):
         first (``result()`` then raises RunError; ``tg.as_completed`` yields it)."""
         return self.state >= DONE or self.owner.stopping
 
-    def result(self) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         """The call's value, once it ended. Inside a task, the worker runs other
         spawned work meanwhile; raises :class:`SpawnedTaskError` if the call
-        raised, and RunError if the run stops first."""
+        raised, RunError if the run stops first, and TimeoutError if it has not
+        ended after ``timeout`` seconds (the call goes on; looked at between the
+        calls the worker runs meanwhile)."""
         if self.state < DONE:
-            self.owner.wait_for(self)
+            self.owner.wait_for(self, past(timeout))
+            if self.state < DONE:
+                raise TimeoutError(f"{self.label()} has not ended after {timeout} s")
         if self.state == FAILED:
             self.observed = True
             raise self.error()
@@ -534,14 +538,16 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
     return ex.push_spawned(frames[-1], fn, args, kwargs)
 
 
-def wait(futures: Iterable[SpawnFuture]) -> list:
+def wait(futures: Iterable[SpawnFuture], timeout: float | None = None) -> list:
     """The values of ``futures`` (spawned calls), in their order, once all have ended;
     raises a failed one's :class:`SpawnedTaskError` as soon as one has failed (the
     first in the list, of those failed by then). A task that catches it has handled
     every call of the list: another that fails, before or after, fails nothing more
-    (as with Ray's ``get`` and Dask's ``gather``)."""
+    (as with Ray's ``get`` and Dask's ``gather``). TimeoutError if they have not all
+    ended after ``timeout`` seconds (they go on)."""
     futures = list(futures)
     looked: dict[int, int] = {}  # run -> its failed calls when this wait last looked
+    late = past(timeout)
     values = []
     try:
         for f in futures:
@@ -553,13 +559,29 @@ def wait(futures: Iterable[SpawnFuture]) -> list:
                     for g in futures:
                         if g.state == FAILED:
                             g.result()  # (raises)
-                owner.wait_for(f, lambda o=owner, n=failed: o.calls_failed != n)
+                if late is not None and late():
+                    left = sum(g.state < DONE for g in futures)
+                    raise TimeoutError(
+                        f"{left} of {len(futures)} spawned calls have not ended after "
+                        f"{timeout} s (the first: {f.label()})"
+                    )
+                owner.wait_for(
+                    f, lambda o=owner, n=failed: o.calls_failed != n or (late and late())
+                )
             values.append(f.result())
     except SpawnedTaskError:
         for g in futures:  # (the parent's join raises none of theirs: see join)
             g.observed = True
         raise
     return values
+
+
+def past(timeout: float | None) -> Callable[[], bool] | None:
+    """Whether ``timeout`` seconds from now have passed (None: no limit)."""
+    if timeout is None:
+        return None
+    deadline = time.monotonic() + timeout
+    return lambda: time.monotonic() >= deadline
 
 
 def take_deeper(pool: deque, depth: int) -> SpawnFuture | None:
