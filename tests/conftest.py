@@ -210,9 +210,10 @@ GDB_BUDGET = 6.0  # seconds of those for native stacks (gdb, where it is install
 def dump_hung(marker: str, hung: list[str]) -> None:
     """A job still running near its timeout: note in ``hung`` each of its processes
     (command, state, each thread's kernel wait channel; its native stacks where gdb is
-    installed), then abort its Python ranks, whose faulthandler prints every thread's
-    Python stack on their stderr (none once in MPI_Finalize: faulthandler is off by
-    then). A rare hang in CI is otherwise a bare timeout."""
+    installed), then abort its Python ranks, whose faulthandler (PYTHONFAULTHANDLER,
+    from :func:`_clean_env`) prints every thread's Python stack on their stderr (none
+    once in MPI_Finalize: faulthandler is off by then). A rare hang in CI is otherwise
+    a bare timeout."""
     import shutil
 
     import psutil
@@ -242,10 +243,10 @@ def dump_hung(marker: str, hung: list[str]) -> None:
                     frames = [ln for ln in out.splitlines() if ln.startswith(("#", "Thread "))]
                     hung.append("\n".join(frames))
             if cmd and "python" in os.path.basename(cmd[0]):
-                ranks.append(pid)
-    for pid in ranks:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGABRT)
+                ranks.append(p)
+    for p in ranks:  # (psutil refuses a pid that another process took meanwhile)
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGABRT)
 
 
 def assert_none_left(marker: str) -> None:
@@ -268,7 +269,6 @@ def mpirun():
         marker = f"TASKGRAPH_TEST_JOB={uuid.uuid4().hex}"
         key, value = marker.split("=")
         job_env = _clean_env(**{key: value, "SCENARIO_TIMEOUT": str(max(5, timeout - 10))})
-        job_env["PYTHONFAULTHANDLER"] = "1"  # (a hung rank's threads, on SIGABRT: below)
         job_env.update(env or {})
         hung: list[str] = []
         timer = threading.Timer(max(1.0, timeout - HANG_DUMP), dump_hung, (marker, hung))
@@ -281,6 +281,7 @@ def mpirun():
             pytest.fail(f"mpiexec -n {n} {' '.join(argv)} ran past {timeout} s: " + "\n".join(hung))
         finally:
             timer.cancel()
+            timer.join()  # (one already noting must not signal pids later reused)
         assert_none_left(marker)
         if hung:
             pytest.fail(

@@ -340,6 +340,31 @@ def test_a_caught_wait_has_handled_every_call_it_waited_for(workers):
     assert run.summary().ended_well
 
 
+def test_a_caught_wait_that_raised_a_skipped_call_has_handled_the_others_too():
+    """A review: tg.wait raised the skipped call's TaskSkipped, not a SpawnedTaskError,
+    and the other call's later failure still failed the run."""
+
+    @tg.task(on_failure="skip")
+    def skippy():
+        raise ValueError("skipped")
+
+    def late_fail():
+        time.sleep(0.3)
+        raise KeyError("late")
+
+    @tg.task
+    def gathers():
+        try:
+            return tg.wait([tg.spawn(skippy), tg.spawn(late_fail)])
+        except tg.TaskError as exc:
+            return f"handled {type(exc).__name__}"
+
+    with tg.Graph("caught-skip") as g:
+        r = gathers()
+    run_in_process(g, 2)
+    assert r.result() == "handled TaskSkipped"
+
+
 def test_a_spawned_calls_timeout_is_caught_as_a_timeout_error():
     @tg.task(timeout=0.3)
     def slow():
@@ -404,6 +429,34 @@ def test_an_exception_that_takes_other_arguments_travels_with_its_attributes():
     assert isinstance(err, CodedError) and err.code == 42
     back = load_original(dump_original(FileNotFoundError(2, "gone", "/x")))  # (its own pickle)
     assert isinstance(back, FileNotFoundError) and back.filename == "/x"
+    back = load_original(dump_original(PathError("/y")))  # (C fields, other arguments)
+    assert type(back) is PathError and (back.errno, back.filename, back.path) == (2, "/y", "/y")
+    assert str(back) == "[Errno 2] no file: '/y'"
+    big = CodedError(1, "x")
+    big.payload = b"x" * 1_000_000
+    assert len(dump_original(big)) < 1_100_000  # (the instance once, not twice)
+
+
+class PathError(OSError):
+    def __init__(self, path: str):
+        super().__init__(2, "no file", path)
+        self.path = path
+
+
+def test_our_own_errors_reach_the_parent_as_themselves_but_the_runtimes():
+    """A child's GraphError or NotPositiveDefiniteError is caught as itself; its
+    AttemptTimeout only as a TimeoutError and a RunError not at all (the waiter would
+    take them for its own attempt's timeout and its run stopping)."""
+    from taskgraph.run.attempts import AttemptTimeout
+    from taskgraph.run.dynamic import spawned_error
+
+    failure = ("f(1)", 1, 2, "host", "E: x", "")
+    assert isinstance(spawned_error(failure, tg.GraphError("g")), tg.GraphError)
+    err = spawned_error(failure, tg.NotPositiveDefiniteError("p"))
+    assert isinstance(err, tg.NotPositiveDefiniteError)
+    late = spawned_error(failure, AttemptTimeout("late"))
+    assert isinstance(late, TimeoutError) and not isinstance(late, AttemptTimeout)
+    assert type(spawned_error(failure, tg.RunError("stopped"))) is tg.SpawnedTaskError
 
 
 def test_async_functions_are_refused_as_tasks_spawned_calls_and_submissions():

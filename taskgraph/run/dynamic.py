@@ -151,19 +151,17 @@ def spawned_error(failure: tuple, original: Any = None) -> SpawnedTaskError:
 
 
 _KINDS: dict[type, type] = {}
-# never combined: a StopIteration would end a loop over results without an error
-_PLAIN_KINDS = (TaskError, StopIteration, StopAsyncIteration)
+# never combined: a StopIteration would end a loop over results without an error, and
+# a RunError would be taken for the waiter's run stopping
+_PLAIN_KINDS = (TaskError, RunError, StopIteration, StopAsyncIteration)
 
 
 def _kind(cls: type) -> type:
     """The SpawnedTaskError class that is also a ``cls`` (made once per class)."""
     if not issubclass(cls, Exception) or issubclass(cls, _PLAIN_KINDS):
         return SpawnedTaskError
-    if cls.__module__.split(".")[0] == "taskgraph":  # (its own: AttemptTimeout, RunError)
-        # the builtin class it is too (AttemptTimeout: TimeoutError), where ours is not
-        cls = next(b for b in cls.__mro__ if b.__module__ == "builtins")
-        if issubclass(SpawnedTaskError, cls):
-            return SpawnedTaskError
+    if issubclass(cls, attempts.AttemptTimeout):  # (the parent's would be taken for its own)
+        cls = TimeoutError
     kind = _KINDS.get(cls)
     if kind is None:
         try:
@@ -188,19 +186,26 @@ def root_cause(exc: BaseException) -> Any:
 
 def dump_original(original: Any) -> bytes | None:
     """An exception (or its class) pickled to travel to another rank, by cloudpickle (a
-    script's own class comes back as itself): the instance, the instance again as
-    :class:`_Remade` (where its class takes other arguments than its ``args``, so
-    that the plain pickle cannot be loaded) and, apart, its class."""
+    script's own class comes back as itself): the instance (as :class:`_Remade`
+    where its plain pickle does not load: its class takes other arguments than its
+    ``args``) and, apart, its class."""
     if original is None:
         return None
     kind = original if isinstance(original, type) else type(original)
     parts: list[bytes | None] = []
-    remade = None if isinstance(original, type) else _Remade(original)
-    for obj in (original, remade, kind):
+    for obj in (original, kind):
         try:
-            parts.append(None if obj is None else pickling.dumps(obj))
+            parts.append(pickling.dumps(obj))
         except Exception:  # noqa: BLE001 - an unpicklable argument: the class alone
             parts.append(None)
+    if parts[0] is not None and not isinstance(original, type):
+        try:
+            pickle.loads(parts[0])
+        except Exception:  # noqa: BLE001 - its __init__ takes other arguments
+            try:
+                parts[0] = pickling.dumps(_Remade(original))
+            except Exception:  # noqa: BLE001 - the class alone, then
+                parts[0] = None
     return pickle.dumps(tuple(parts))
 
 
@@ -214,13 +219,21 @@ class _Remade:
 
     def __reduce__(self):
         exc = self.exc
-        return (_remake, (type(exc), exc.args, dict(getattr(exc, "__dict__", {}))))
+        state = dict(getattr(exc, "__dict__", {}))
+        if isinstance(exc, OSError):  # (C fields, not in its __dict__; None: never set)
+            for k in ("errno", "strerror", "filename", "filename2"):
+                if getattr(exc, k) is not None:
+                    state[k] = getattr(exc, k)
+        return (_remake, (type(exc), exc.args, state))
 
 
-def _remake(kind: type, args: tuple, state: dict) -> BaseException:
+def _remake(kind: type[BaseException], args: tuple, state: dict) -> BaseException:
     exc = kind.__new__(kind, *args)
+    if not isinstance(exc, kind):
+        raise TypeError(f"{kind.__name__}.__new__ made a {type(exc).__name__}")
     exc.args = args
-    exc.__dict__.update(state)
+    for k, v in state.items():
+        setattr(exc, k, v)
     return exc
 
 
@@ -522,8 +535,9 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
 
     Call it inside a running task (a ``@tg.task`` function or a kernel). ``fn``: a
     ``@tg.task`` function or any callable (not ``async def``); ``args``, ``kwargs``: its
-    arguments, read where the call runs (on another rank: copies made as it was
-    stolen; here: the objects themselves, so do not change one after spawning it). A
+    arguments, read where the call runs (on another rank: copies made as it left,
+    soon after this spawn; here: the objects themselves, so do not change one after
+    spawning it). A
     NumPy array among them arrives as a read-only view, so a call that writes into it
     fails alike on every rank count.
     Wait with ``fut.result()`` or :func:`wait`; the calling task counts as done only
@@ -569,7 +583,7 @@ def wait(futures: Iterable[SpawnFuture], timeout: float | None = None) -> list:
                     f, lambda o=owner, n=failed: o.calls_failed != n or (late and late())
                 )
             values.append(f.result())
-    except SpawnedTaskError:
+    except TaskError:  # (SpawnedTaskError, or a skipped call's TaskSkipped; not RunError)
         for g in futures:  # (the parent's join raises none of theirs: see join)
             g.observed = True
         raise
