@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
@@ -95,6 +96,10 @@ def _mpi_segments_removed(request):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for test, job, notes in _slow_jobs:
+        terminalreporter.write_line(f"slow job (half its timeout) in {test}: {job}")
+        for note in notes:
+            terminalreporter.write_line(textwrap.indent(note, "    "))
     if _shm_removed:
         total = sum(n for _, n in _shm_removed)
         terminalreporter.write_line(
@@ -205,20 +210,19 @@ def assert_no_new_children(before: set[int]) -> None:
 
 HANG_DUMP = 12.0  # seconds before a job's timeout when what its processes do is noted
 GDB_BUDGET = 6.0  # seconds of those for native stacks (gdb, where it is installed)
+_slow_jobs: list[tuple[str, str, list[str]]] = []  # (test, job, its processes then)
 
 
-def dump_hung(marker: str, hung: list[str]) -> None:
-    """A job still running near its timeout: note in ``hung`` each of its processes
-    (command, state, each thread's kernel wait channel; its native stacks where gdb is
-    installed), then abort its Python ranks, whose faulthandler (PYTHONFAULTHANDLER,
-    from :func:`_clean_env`) prints every thread's Python stack on their stderr (none
-    once in MPI_Finalize: faulthandler is off by then). A rare hang in CI is otherwise
-    a bare timeout."""
+def note_processes(marker: str, notes: list[str], native: bool = True) -> list:
+    """Note in ``notes`` each process of the job ``marker`` (command, state, each
+    thread's kernel wait channel; with ``native``, its native stacks where gdb is
+    installed, the ranks' first: gdb stops each process a moment). Its Python ranks
+    (psutil.Process)."""
     import shutil
 
     import psutil
 
-    gdb = shutil.which("gdb")
+    gdb = shutil.which("gdb") if native else None
     until = time.monotonic() + GDB_BUDGET
     ranks = []
     procs = []
@@ -233,7 +237,7 @@ def dump_hung(marker: str, hung: list[str]) -> None:
             for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
                 with contextlib.suppress(OSError):
                     waits.append(f"{task.name}:{(task / 'wchan').read_text() or '-'}")
-            hung.append(f"{pid} {p.status()} {' '.join(cmd)[:120]} waits {' '.join(waits)}")
+            notes.append(f"{pid} {p.status()} {' '.join(cmd)[:120]} waits {' '.join(waits)}")
             if gdb and time.monotonic() < until:
                 with contextlib.suppress(subprocess.SubprocessError, OSError):
                     out = subprocess.run(
@@ -241,12 +245,32 @@ def dump_hung(marker: str, hung: list[str]) -> None:
                         capture_output=True, text=True, timeout=max(0.5, until - time.monotonic()),
                     ).stdout  # fmt: skip
                     frames = [ln for ln in out.splitlines() if ln.startswith(("#", "Thread "))]
-                    hung.append("\n".join(frames))
+                    notes.append("\n".join(frames))
             if cmd and "python" in os.path.basename(cmd[0]):
                 ranks.append(p)
-    for p in ranks:  # (psutil refuses a pid that another process took meanwhile)
+    return ranks
+
+
+def dump_hung(marker: str, hung: list[str]) -> None:
+    """A job still running near its timeout: :func:`note_processes` into ``hung``, then
+    abort its Python ranks, whose faulthandler (PYTHONFAULTHANDLER, from
+    :func:`_clean_env`) prints every thread's Python stack on their stderr (none once
+    in MPI_Finalize: faulthandler is off by then). A rare hang in CI is otherwise a bare
+    timeout."""
+    import psutil
+
+    for p in note_processes(marker, hung):  # (psutil refuses a pid reused meanwhile)
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGABRT)
+
+
+def note_slow(marker: str, job: str) -> None:
+    """A job still running at half its timeout: what its processes wait in, for the
+    session's report (a 5 s job was seen once to take 60 s and end well: where such a
+    one waits; no gdb, which would stop a job that may only be slow)."""
+    notes: list[str] = []
+    note_processes(marker, notes, native=False)
+    _slow_jobs.append((os.environ.get("PYTEST_CURRENT_TEST", "?"), job, notes))
 
 
 def assert_none_left(marker: str) -> None:
@@ -271,21 +295,27 @@ def mpirun():
         job_env = _clean_env(**{key: value, "SCENARIO_TIMEOUT": str(max(5, timeout - 10))})
         job_env.update(env or {})
         hung: list[str] = []
-        timer = threading.Timer(max(1.0, timeout - HANG_DUMP), dump_hung, (marker, hung))
-        timer.daemon = True
-        timer.start()
+        job = f"mpiexec -n {n} {' '.join(argv)}"
+        timers = [
+            threading.Timer(timeout / 2, note_slow, (marker, job)),
+            threading.Timer(max(1.0, timeout - HANG_DUMP), dump_hung, (marker, hung)),
+        ]
+        for timer in timers:
+            timer.daemon = True
+            timer.start()
         try:
             proc = run_ranks(n, argv, timeout=timeout, capture=True, env=job_env)
         except subprocess.TimeoutExpired:
             assert_none_left(marker)
-            pytest.fail(f"mpiexec -n {n} {' '.join(argv)} ran past {timeout} s: " + "\n".join(hung))
+            pytest.fail(f"{job} ran past {timeout} s: " + "\n".join(hung))
         finally:
-            timer.cancel()
-            timer.join()  # (one already noting must not signal pids later reused)
+            for timer in timers:
+                timer.cancel()
+                timer.join()  # (one already noting must not signal pids later reused)
         assert_none_left(marker)
         if hung:
             pytest.fail(
-                f"mpiexec -n {n} {' '.join(argv)} hung for {timeout - HANG_DUMP:g} s; its "
+                f"{job} hung for {timeout - HANG_DUMP:g} s; its "
                 "processes then:\n" + "\n".join(hung) + "\nwhat the ranks printed:\n"
                 f"{proc.stdout[-2000:]}\n{proc.stderr[-8000:]}"
             )

@@ -51,14 +51,16 @@ def say(*words):
 def run_job(mpirun, tmp_path, ranks: int, body: str) -> str:
     script = tmp_path / "script.py"
     script.write_text(BATCH + f"F = {str(tmp_path)!r} + '/'\n" + textwrap.dedent(body))
-    proc = mpirun(ranks, [str(script)], timeout=60)
+    # (90 s: a 5 s job was seen once to take 60 s and end well; in CI this one did not
+    # end within 60 s; the fixture reports such a job's waits: see conftest.note_slow)
+    proc = mpirun(ranks, [str(script)], timeout=90)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 @pytest.mark.mpi
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_an_adaptive_ensemble_submits_to_an_open_run_in_a_batch_job(mpirun, tmp_path, ranks):
     out = run_job(
         mpirun,
@@ -96,7 +98,7 @@ def test_an_adaptive_ensemble_submits_to_an_open_run_in_a_batch_job(mpirun, tmp_
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 @pytest.mark.mpi
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_submit_works_while_a_run_of_a_graph_goes_on_in_a_batch_job(mpirun, tmp_path, ranks):
     out = run_job(
         mpirun,
@@ -127,7 +129,7 @@ def test_submit_works_while_a_run_of_a_graph_goes_on_in_a_batch_job(mpirun, tmp_
 
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.mpi
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_as_completed_in_a_task_looks_at_each_call_once_not_at_every_end(mpirun, tmp_path, ranks):
     """It looked at every pending call each time one ended: 20,000 calls took 21 s on
     2 ranks (0.09 s with tg.wait). Now a call is handed to it as it ends."""
