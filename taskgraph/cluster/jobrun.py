@@ -203,8 +203,8 @@ def blas_limit(threads: int):
                 threadpool_limits(limits=min(_blas_holds), user_api="blas")
 
 
-_flight_lock = threading.Lock()
 THREAD_END = 2.0  # seconds wait() gives a run's thread, ended, to return
+_flight_lock = threading.Lock()
 _in_flight: list[Run] = []  # the runs of this process not ended yet, in the order made
 
 

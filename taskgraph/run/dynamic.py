@@ -537,11 +537,10 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
     ``@tg.task`` function or any callable (not ``async def``); ``args``, ``kwargs``: its
     arguments, read where the call runs (on another rank: copies made as it left,
     soon after this spawn; here: the objects themselves, so do not change one after
-    spawning it). A
-    NumPy array among them arrives as a read-only view, so a call that writes into it
-    fails alike on every rank count.
-    Wait with ``fut.result()`` or :func:`wait`; the calling task counts as done only
-    once every call it spawned has ended. RuntimeError outside a running task."""
+    spawning it). A NumPy array among them arrives as a read-only view, so a call that
+    writes into it fails alike on every rank count. Wait with ``fut.result()`` or
+    :func:`wait`; the calling task counts as done only once every call it spawned has
+    ended. RuntimeError outside a running task."""
     ex, index, frames = _context("tg.spawn")
     refuse_async(fn, "tg.spawn:")
     if not plain(args, kwargs):
