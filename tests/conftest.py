@@ -225,12 +225,14 @@ def note_processes(marker: str, notes: list[str], native: bool = True) -> list:
     gdb = shutil.which("gdb") if native else None
     until = time.monotonic() + GDB_BUDGET
     ranks = []
-    procs = []
+    procs = []  # (process, its command, whether it is a rank)
     for pid in processes_with(marker):
         with contextlib.suppress(psutil.Error):
-            procs.append((psutil.Process(pid), psutil.Process(pid).cmdline()))
-    procs.sort(key=lambda pc: not (pc[1] and "python" in os.path.basename(pc[1][0])))
-    for p, cmd in procs:  # (the ranks first: gdb's time may not cover them all)
+            p = psutil.Process(pid)
+            cmd = p.cmdline()
+            procs.append((p, cmd, bool(cmd) and "python" in os.path.basename(cmd[0])))
+    procs.sort(key=lambda pcr: not pcr[2])
+    for p, cmd, rank in procs:  # (the ranks first: gdb's time may not cover them all)
         pid = p.pid
         with contextlib.suppress(psutil.Error, OSError):
             waits = []
@@ -246,7 +248,7 @@ def note_processes(marker: str, notes: list[str], native: bool = True) -> list:
                     ).stdout  # fmt: skip
                     frames = [ln for ln in out.splitlines() if ln.startswith(("#", "Thread "))]
                     notes.append("\n".join(frames))
-            if cmd and "python" in os.path.basename(cmd[0]):
+            if rank:
                 ranks.append(p)
     return ranks
 

@@ -397,10 +397,8 @@ def _publish_batch(publish, run, seq: int, cursor, t0: float, final: bool = Fals
     if ex is None:
         return seq, cursor
     batch, cursor = ex.trace.batch(cursor)
-    done, total = ex.progress()
     seq += 1
-    batch.update(done=done, total=total, elapsed=time.perf_counter() - t0, final=final)
-    batch["calls"] = ex.calls_finished
+    batch.update(ex.counts(), elapsed=time.perf_counter() - t0, final=final)
     publish({f"b{seq:06d}": batch})
     return seq, cursor
 

@@ -409,9 +409,7 @@ class Run(RunHandle):
         if ex is None:
             return []
         batch, self._cursor = ex.trace.batch(self._cursor)
-        done, total = ex.progress()
-        batch.update(done=done, total=total, elapsed=ex.trace.now(), final=self.done())
-        batch["calls"] = ex.calls_finished
+        batch.update(ex.counts(), elapsed=ex.trace.now(), final=self.done())
         return [batch]
 
     @property

@@ -313,6 +313,11 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         """(tasks done, tasks in all) on this rank."""
         return self.sched.done, self.sched.ntasks
 
+    def counts(self) -> dict[str, int]:
+        """What a progress batch counts on this rank: tasks ``done`` of ``total``, and
+        the spawned and submitted ``calls`` ended (see ``calls_finished``)."""
+        return {"done": self.sched.done, "total": self.sched.ntasks, "calls": self.calls_finished}
+
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop the run on this rank (and, through the abort, on every rank).
 
