@@ -28,15 +28,19 @@ def code(text: str):
     return nbformat.v4.new_code_cell(dedent(text).strip())
 
 
-def setup(sizes: str, imports: str = "", config: str = "quick"):
-    """The first code cell of every notebook: imports, and sizes that QUICK shrinks."""
+def setup(sizes: str, imports: str = "", config: str = "quick", stdlib: str = "", numba=False):
+    """The first code cell of every notebook: imports (``stdlib`` ones first, as isort
+    orders them), and sizes that QUICK shrinks."""
     head = dedent(
-        """
+        f"""
+        {"import numba" if numba else ""}
         import numpy as np
 
         import taskgraph as tg
         """
     ).strip()
+    if stdlib:
+        head = f"{dedent(stdlib).strip()}\n\n{head}"
     head += f"\nfrom taskgraph.core.config import {config}"
     imports = dedent(imports).strip()
     quick = "QUICK = quick()  # TASKGRAPH_QUICK=1: small sizes (the tests run every notebook so)"
@@ -722,12 +726,281 @@ MANY_TASKS = [
     code("cluster.close()"),
 ]
 
+# -- 06 ---------------------------------------------------------------------------------
+
+DYNAMIC = [
+    md(
+        """
+        # 06 · Tasks that make tasks
+
+        The graphs of 01–04 are known in full before they run. Many computations are not:
+        a search tree unfolds as it is walked, and an adaptive ensemble picks its next
+        members from the results so far. Here:
+
+        1. **recursion**: a task spawns tasks (`tg.spawn`) and waits for them, at any depth;
+        2. **work stealing**: a rank that runs out of work takes the oldest waiting call of
+           another rank (nearest the root: the most work), and the result goes back;
+        3. **errors** in a spawned call reach the task that waits for it;
+        4. **calls added to a running run** from the notebook (`run.submit`,
+           `tg.as_completed`);
+        5. **two runs in flight** on one cluster.
+
+        The leaves are numba functions (`nogil`): the recursion above them is Python.
+        """
+    ),
+    setup(
+        """
+        FIB_N, CUTOFF = (36, 26) if QUICK else (40, 28)  # fib(n), leaves at n <= CUTOFF
+        QUEENS = 11 if QUICK else 14  # N-Queens: the board's size
+        SEARCH = 14 if QUICK else 15  # ... of the search that runs beside the analytics
+        SCORE_SECONDS, BUDGET = (0.005, 40) if QUICK else (0.05, 120)  # the adaptive search
+        """,
+        stdlib="import time",
+        numba=True,
+    ),
+    code(
+        """
+        cluster = tg.Cluster(n=2)
+        cluster
+        """
+    ),
+    md(
+        """
+        ## Recursion: fib with a cutoff
+
+        `tg.spawn(f, *args)` starts a call and returns its future at once; `.result()`
+        waits for it. A waiting worker is not idle: it runs other spawned calls
+        meanwhile (its own children first), so deep recursion needs no extra threads.
+        Below the cutoff a call is one numba leaf.
+        """
+    ),
+    code(
+        """
+        @numba.njit(nogil=True)
+        def fib_leaf(n):
+            return n if n < 2 else fib_leaf(n - 1) + fib_leaf(n - 2)
+
+
+        @tg.task
+        def fib(n, cutoff):
+            if n <= cutoff:
+                return fib_leaf(n)
+            a = tg.spawn(fib, n - 1, cutoff)  # may run on another rank
+            b = fib(n - 2, cutoff)  # this half runs here
+            return a.result() + b
+
+
+        with tg.Graph("fib") as g:
+            f = fib(FIB_N, CUTOFF)
+
+        cluster.run(g).wait()  # the first run compiles the leaf on each engine
+        run = cluster.run(g)
+        run.show()
+        run.wait()
+
+        fib_leaf(CUTOFF)  # (compiles it here)
+        t0 = time.perf_counter()
+        serial = fib_leaf(FIB_N)
+        serial_s = time.perf_counter() - t0
+        verdict = "(ok)" if f.result() == serial else "(MISMATCH)"
+        print(f"fib({FIB_N}) = {f.result()} {verdict}")
+        print(f"{run.seconds:.3f} s on {cluster.size} ranks, serial {serial_s:.3f} s")
+        """
+    ),
+    md(
+        """
+        ## An uneven search: N-Queens
+
+        How many ways can *n* queens stand on an *n*×*n* board with none attacking
+        another? Each task places a queen on the next row, once for every safe column,
+        and spawns a task for each; after three rows a numba leaf counts the rest.
+        Subtrees differ a lot in size, so a split made in advance leaves a rank idle;
+        here idle ranks steal. The live view draws each steal as a line between lanes.
+        """
+    ),
+    code(
+        """
+        @numba.njit(nogil=True)
+        def queens_leaf(n, cols, left, right):
+            \"\"\"Solutions below a partial board: ``cols`` marks the columns taken,
+            ``left`` and ``right`` the diagonals attacked on the next row (bit masks).\"\"\"
+            full = (1 << n) - 1
+            if cols == full:
+                return 1
+            count = 0
+            free = full & ~(cols | left | right)
+            while free:
+                bit = free & -free
+                free ^= bit
+                count += queens_leaf(n, cols | bit, ((left | bit) << 1) & full, (right | bit) >> 1)
+            return count
+
+
+        @tg.task
+        def queens(n, cols=0, left=0, right=0, rows=3):
+            if rows == 0:
+                return queens_leaf(n, cols, left, right)
+            full = (1 << n) - 1
+            free = full & ~(cols | left | right)
+            children = []
+            while free:
+                bit = free & -free
+                free ^= bit
+                below = (n, cols | bit, ((left | bit) << 1) & full, (right | bit) >> 1, rows - 1)
+                children.append(tg.spawn(queens, *below))
+            return sum(tg.wait(children))
+
+
+        with tg.Graph("queens") as g:
+            q = queens(QUEENS)
+
+        cluster.run(g).wait()  # (compiles the leaf on each engine)
+        run = cluster.run(g)
+        run.show()
+        run.wait()
+        verdict = "(ok)" if q.result() == queens_leaf(QUEENS, 0, 0, 0) else "(MISMATCH)"
+        print(f"{QUEENS}-Queens: {q.result()} solutions {verdict}")
+        """
+    ),
+    md(
+        """
+        What the ranks did: how many calls were spawned and stolen, how long a steal took
+        from request to arrival, and each rank's time computing and looking for work.
+        """
+    ),
+    code(
+        """
+        d = run.trace.dynamic()
+        print(f"spawned calls: {d['spawned']}, steals: {d['steals']}, pushes: {d['pushes']}")
+        if d["steals"]:
+            print(f"median steal latency: {d['steal_latency_median'] * 1e6:.0f} us")
+        print("rank  computing  stealing  idle")
+        for u in run.trace.utilisation():
+            w = u["wall"] or 1.0
+            shares = (u["compute"] / w, u["stealing"] / w, u["idle"] / w)
+            print(f"{u['rank']:>4}  {shares[0]:>9.0%}  {shares[1]:>8.1%}  {shares[2]:>4.0%}")
+        """
+    ),
+    md(
+        """
+        ## Errors in spawned calls
+
+        A spawned call that raises fails its future; `.result()` raises a
+        `tg.SpawnedTaskError` that is also of the error's own class, so the waiting task
+        can catch it as usual. It names the call and the rank where it failed;
+        `e.original` is the first exception of the chain and `e.traceback` the remote
+        traceback. An error that nobody catches fails the run on every rank.
+        """
+    ),
+    code(
+        """
+        @tg.task
+        def step(depth):
+            \"\"\"A chain of spawned calls; the deepest one fails.\"\"\"
+            if depth == 0:
+                raise ValueError("negative pressure")
+            return tg.spawn(step, depth - 1).result()
+
+
+        @tg.task
+        def careful():
+            try:
+                return tg.spawn(step, 3).result()
+            except ValueError as e:  # a SpawnedTaskError of class ValueError too
+                return f"{e.task} failed on rank {e.rank}; first error: {e.original!r}"
+
+
+        with tg.Graph("careful") as g:
+            c = careful()
+        cluster.run(g).wait()
+        print("caught:", c.result())
+        """
+    ),
+    md(
+        """
+        ## Adding calls while a run goes: an adaptive search
+
+        `cluster.run(open=True)` starts a run that takes calls from the notebook:
+        `run.submit(f, *args)` returns a future at once, and `tg.as_completed(futures)`
+        yields them as they end. Each "simulation" below scores a parameter *x*; every
+        result that beats the best so far gets two new members beside it, closer and
+        closer, until the budget is spent. `run.wait()` closes the run.
+
+        (In a batch job every rank runs each cell: there rank 0 submits, and the other
+        ranks take submitted calls as they take spawned ones.)
+        """
+    ),
+    code(
+        """
+        def score(x):
+            \"\"\"A simulation at parameter x: some work, then its cost (lower is better).\"\"\"
+            time.sleep(SCORE_SECONDS)
+            return float((x - 0.3) ** 2 + 0.05 * np.sin(25 * x))
+
+
+        run = cluster.run(open=True)
+        if cluster.rank in (None, 0):  # None: the notebook; in a batch job, rank 0
+            rng = np.random.default_rng(1)
+            params = {run.submit(score, x): x for x in rng.uniform(0, 1, 8)}
+            best, ran, width = (np.inf, None), 0, 0.05
+            while params and ran < BUDGET:
+                new = {}
+                for fut in tg.as_completed(list(params)):
+                    x, y = params[fut], fut.result()
+                    ran += 1
+                    if y < best[0]:
+                        best = (y, x)
+                        for x2 in (x - width, x + width):
+                            new[run.submit(score, x2)] = x2
+                params, width = new, width / 2
+            run.wait()
+            print(f"adaptive search: {ran} calls, best score {best[0]:.4f} at x = {best[1]:.4f}")
+        else:
+            run.wait()
+        """
+    ),
+    md(
+        """
+        ## Two runs in flight
+
+        A new run starts at once beside one that goes on: its messages never mix with
+        the other's, and a failure of one leaves the other running. Here a small
+        analysis runs while the search goes, as analytics of one iteration can run
+        while the next computes.
+        """
+    ),
+    code(
+        """
+        @tg.task
+        def describe(values):
+            return float(np.mean(values)), float(np.std(values))
+
+
+        with tg.Graph("search") as big:
+            q = queens(SEARCH)
+        with tg.Graph("analytics") as small:
+            stats = describe(np.arange(1000.0))
+
+        search = cluster.run(big)
+        analytics = cluster.run(small)  # does not wait for the search
+        analytics.wait()
+        state = "was still running" if not search.done() else "had ended"
+        mean = stats.result()[0]
+        print(f"analytics: mean {mean:.1f}, in {analytics.seconds:.3f} s; the search {state}")
+        search.wait()
+        print(f"{SEARCH}-Queens: {q.result()} solutions in {search.seconds:.3f} s")
+        """
+    ),
+    code("cluster.close()"),
+]
+
 
 NOTEBOOKS = {
     "01-quickstart": QUICKSTART,
     "02-tiled-cholesky": CHOLESKY,
     "03-placement-and-communication": PLACEMENT,
     "04-many-tasks": MANY_TASKS,
+    "06-dynamic-tasks": DYNAMIC,
 }
 
 
