@@ -25,7 +25,8 @@ worker thread of an :class:`~taskgraph.run.executor.Executor` sets when it start
   exception that its parent never asked for (``result()``) fails the parent then.
   A task that fails drops its children still in the pool (never asked for) and
   :func:`wait` raises as soon as one of its calls fails, so an uncaught error climbs
-  the tree at once, not after every call before it in the tree has run.
+  the tree at once, not after every call before it in the tree has run; a waiter
+  buried under calls its worker took meanwhile has them unwound (taskgraph.run.unwind).
 - **Errors.** ``result()`` of a failed child raises :class:`SpawnedTaskError` (a
   :class:`~taskgraph.core.errors.TaskError` naming the child, its rank and its
   traceback), caused by the child's own exception and an instance of its class too;
@@ -54,9 +55,10 @@ from ..core.errors import RemoteTraceback, RunError, TaskError, refuse_async
 from ..dsl.nested import readonly_view
 from ..dsl.options import DEFAULT as DEFAULT_OPTIONS
 from ..trace.recorder import TASK_DONE, TASK_FAILED
-from . import attempts, context
+from . import attempts, context, unwind
 from .context import TaskAbandoned
 from .context import tls as _tls
+from .unwind import Unwind
 
 PENDING, RUNNING, DONE, FAILED = range(4)
 
@@ -261,15 +263,17 @@ def _rebuild(task, rank, size, host, error, tb, blob) -> SpawnedTaskError:
 
 class Frame:
     """A task running on a worker's stack that spawns: its ``name`` (label), its
-    ``depth`` (a static task is 0, a child one more than its parent) and the
-    ``children`` it spawned and has not joined yet."""
+    ``depth`` (a static task is 0, a child one more than its parent), the
+    ``children`` it spawned and has not joined yet, and whether it is ``unwinding``
+    (see taskgraph.run.unwind)."""
 
-    __slots__ = ("children", "depth", "name")
+    __slots__ = ("children", "depth", "name", "unwinding")
 
     def __init__(self, name: str, depth: int):
         self.name = name
         self.depth = depth
         self.children: list[SpawnFuture] = []
+        self.unwinding = False
 
     def label(self) -> str:
         """A readable name of the task."""
@@ -285,7 +289,9 @@ class SpawnFuture(Frame):
     (task, rank, size, host, error, traceback)), ``observed`` (its error was raised
     to a waiter already), ``watch`` (None, or the queues of the
     :func:`~taskgraph.cluster.submit.as_completed` calls waiting for it: it is put on
-    each as it ends); ``pinned``, ``remote`` and ``slot``: see taskgraph.run.steal."""
+    each as it ends); ``parent``: the frame that spawned it (None: submitted, or
+    stolen from another rank); ``pinned``, ``remote`` and ``slot``: see
+    taskgraph.run.steal."""
 
     __slots__ = (
         "args",
@@ -295,6 +301,7 @@ class SpawnFuture(Frame):
         "kwargs",
         "observed",
         "owner",
+        "parent",
         "pinned",
         "remote",
         "slot",
@@ -304,9 +311,18 @@ class SpawnFuture(Frame):
         "watch",
     )
 
-    def __init__(self, owner: Any, fn: Callable, args: tuple, kwargs: dict, depth: int):
+    def __init__(
+        self,
+        owner: Any,
+        fn: Callable,
+        args: tuple,
+        kwargs: dict,
+        depth: int,
+        parent: Frame | None = None,
+    ):
         super().__init__("", depth)
         self.owner = owner
+        self.parent = parent
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
@@ -540,7 +556,9 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
     spawning it). A NumPy array among them arrives as a read-only view, so a call that
     writes into it fails alike on every rank count. Wait with ``fut.result()`` or
     :func:`wait`; the calling task counts as done only once every call it spawned has
-    ended. RuntimeError outside a running task."""
+    ended. A call may run again from its start (it was interrupted so that a task it
+    lay above could see a failure at once, and is still wanted): keep side effects
+    that must not repeat out of spawned calls. RuntimeError outside a running task."""
     ex, index, frames = _context("tg.spawn")
     refuse_async(fn, "tg.spawn:")
     if not plain(args, kwargs):
@@ -548,6 +566,8 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
         args, kwargs = read_only(args, kwargs)
     if not frames:  # the first spawn of the static task this worker runs
         frames.append(Frame(ex.graph.label(ex.current[index]), 0))
+    elif frames[-1].unwinding:  # (a call it waits in failed: see taskgraph.run.unwind)
+        raise Unwind(f"{frames[-1].label()} unwinds")
     return ex.push_spawned(frames[-1], fn, args, kwargs)
 
 
@@ -625,7 +645,7 @@ class SpawnRunner:
     def push_spawned(self: Any, parent: Frame, fn: Callable, args: tuple, kwargs: dict):
         """A call spawned by ``parent`` (the frame running on this thread), into the
         pool; its future."""
-        fut = SpawnFuture(self, attempts.spawn_fn(fn), args, kwargs, parent.depth + 1)
+        fut = SpawnFuture(self, attempts.spawn_fn(fn), args, kwargs, parent.depth + 1, parent)
         self.check_call(fn, fut)
         parent.children.append(fut)
         with self.lock:
@@ -779,6 +799,8 @@ class SpawnRunner:
                 if frames is None:  # not a worker of this run (the notebook's thread)
                     self.spawn_cv.wait(0.1)
                     continue
+                if frames[-1].unwinding:  # (see taskgraph.run.unwind)
+                    raise Unwind(f"{frames[-1].label()} unwinds")
                 item = take_deeper(pool, depth)
                 if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
                     continue  # (a thief took it from the board: its result comes back)
@@ -864,6 +886,9 @@ class SpawnRunner:
                 value, exc = None, e
         finally:
             frames.pop()
+        if item.unwinding and isinstance(exc, Unwind):
+            self._unwound(item)
+            return
         if opts is None:  # (a managed call counts itself)
             attempts.count_plain(self.tally, item, exc, self.net)
         state = TASK_DONE if exc is None else TASK_FAILED
@@ -871,6 +896,41 @@ class SpawnRunner:
         self.complete(item, value, exc)
         if isinstance(exc, TaskAbandoned):
             raise exc
+
+    def _unwound(self: Any, item: SpawnFuture) -> None:
+        """``item`` unwound (see taskgraph.run.unwind): back into the pool, to run again
+        from its start, or dropped. Lock not held."""
+        net = self.net
+        with self.lock:
+            item.unwinding = False
+            again = unwind.requeue(item) and not self.stopping
+            if again:
+                item.state, item.exc, item.value = PENDING, None, None
+                self.spool.append(item)
+                if self.waiting:
+                    self.lock.notify()
+                if self.spawn_waiting:
+                    self.spawn_cv.notify_all()
+                return
+            item.observed = True  # (its waiter unwinds too: nobody asks for it)
+        why = "RunError: not run to its end: the call waiting for it unwound"
+        self.settle(item, None, None, (item.label(), net.rank, net.size, net.host, why, ""))
+
+    def _unbury(self: Any, waiter: Frame) -> None:
+        """A call ``waiter`` spawned failed: if calls lie above ``waiter`` on a worker's
+        stack, they unwind (see taskgraph.run.unwind). Lock held."""
+        for stack in self._frames:
+            above = unwind.frames_to_unwind(list(stack), waiter, self._may_unwind)
+            if above:
+                for frame in above:
+                    frame.unwinding = True
+                self.spawn_cv.notify_all()
+                return
+
+    def _may_unwind(self: Any, frame: Frame) -> bool:
+        """Whether ``frame`` is a plain spawned call (no options: no retry or timeout
+        would see the unwinding as its own failure)."""
+        return isinstance(frame, SpawnFuture) and attempts.spawned_options(self, frame.fn) is None
 
     def join(self: Any, frame: Frame, failing: bool = False) -> None:
         """Wait for every child of ``frame`` to end; raise the error of the first
@@ -965,6 +1025,8 @@ class SpawnRunner:
                 self.calls_finished += 1
             if failure is not None:
                 self.calls_failed += 1
+                if item.parent is not None and not item.observed:
+                    self._unbury(item.parent)
             if item.watch is not None:
                 item.ended()
             if self.orphans and id(item) in self.orphans:

@@ -1,0 +1,157 @@
+"""A task buried under calls its worker took while it waited sees a failed call at once
+(taskgraph.run.unwind): the pure decisions, then in process (1 rank, 2 workers) and on
+1, 2 and 3 real MPI ranks."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import taskgraph as tg
+from taskgraph.run.dynamic import Frame, SpawnFuture
+from taskgraph.run.unwind import frames_to_unwind, requeue
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _call(parent=None) -> SpawnFuture:
+    return SpawnFuture(None, abs, (1,), {}, 1, parent)
+
+
+def test_the_frames_above_the_waiter_unwind_if_each_may():
+    root = Frame("root", 0)
+    a, b = _call(root), _call()
+    stack = [root, a, b]
+    assert frames_to_unwind(stack, root, lambda f: True) == [a, b]
+    assert frames_to_unwind(stack, a, lambda f: True) == [b]
+    assert frames_to_unwind(stack, b, lambda f: True) == []  # (on top: it sees it)
+    assert frames_to_unwind(stack, _call(), lambda f: True) == []  # (not on this stack)
+    assert frames_to_unwind(stack, root, lambda f: f is not b) == []  # (b may not)
+
+
+def test_an_unwound_call_goes_back_unless_its_waiter_unwinds_too():
+    root = Frame("root", 0)
+    a = _call(root)
+    b = _call(a)
+    assert requeue(a) and requeue(_call())  # (a submitted or stolen call: no parent here)
+    a.unwinding = True
+    assert not requeue(b)
+
+
+RAISED: list[float] = []
+
+
+def nap_leaf(i: int, bad: int, seconds: float) -> int:
+    time.sleep(seconds)
+    if i == bad:
+        RAISED.append(time.perf_counter())
+        raise ValueError(f"leaf {i} failed")
+    return 1
+
+
+def nap_tree(depth: int, i: int, bad: int, seconds: float) -> int:
+    if depth == 0:
+        return nap_leaf(i, bad, seconds)
+    kids = [tg.spawn(nap_tree, depth - 1, 3 * i + k, bad, seconds) for k in range(3)]
+    return sum(tg.wait(kids))
+
+
+@tg.task
+def tree_root(depth: int, bad: int, seconds: float) -> int:
+    return nap_tree(depth, 0, bad, seconds)
+
+
+def test_an_uncaught_error_fails_the_run_while_its_waiter_lies_under_other_calls():
+    """Worker 2 takes the oldest call (subtree 0) and its first leaf fails; the root
+    waits for subtree 0 on worker 1 under subtree 2 (9 leaves of 0.3 s). It failed the
+    run once subtree 2 ended (2.7 s, 40 s in a deeper tree); now within a leaf."""
+    RAISED.clear()
+    with tg.Graph("buried") as g:
+        tree_root(3, 8, 0.3)  # leaf 8: subtree 0's newest, the first it runs
+    run = tg.current_cluster().run(g, workers=2)
+    with pytest.raises(tg.TaskError, match="leaf 8 failed"):
+        run.wait()
+    late = time.perf_counter() - RAISED[0]
+    assert late < 1.2, f"the run failed {late:.2f} s after the leaf raised"
+
+
+STARTS: list[int] = []
+
+
+def counted_nap(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+def slow_sum(n: int, seconds: float) -> int:
+    STARTS.append(n)
+    return sum(tg.wait([tg.spawn(counted_nap, seconds) for _ in range(n)]))
+
+
+def fails_soon(seconds: float) -> int:
+    time.sleep(seconds)
+    raise ValueError("soon")
+
+
+@tg.task
+def catcher(n: int, seconds: float) -> str:
+    bad = tg.spawn(fails_soon, seconds / 2)  # the oldest: an idle worker (or rank) takes it
+    good = tg.spawn(slow_sum, n, seconds)  # the newest: this worker runs it as it waits
+    try:
+        bad.result()
+    except ValueError:
+        return f"caught, then {good.result()}"
+    return "not raised"
+
+
+def test_a_call_unwound_for_a_waiter_that_catches_runs_again_to_its_value():
+    STARTS.clear()
+    with tg.Graph("catch") as g:
+        c = catcher(8, 0.15)
+    tg.current_cluster().run(g, workers=2).wait()
+    assert c.result() == "caught, then 8"
+    assert len(STARTS) == 2, STARTS  # (unwound under the waiter, then run again)
+
+
+JOB = """
+import sys, time
+import taskgraph as tg
+sys.path.insert(0, {tests!r})
+import test_unwind as t
+
+c = tg.Cluster()
+with tg.Graph("catch") as g:
+    got = t.catcher(6, 0.1)
+c.run(g, workers=1).wait()
+print(f"rank {{c.rank}}: catch", got.result(), flush=True)
+
+t.RAISED.clear()
+with tg.Graph("buried") as g:
+    t.tree_root(3, 8, 0.3)
+t0 = time.time()
+try:
+    c.run(g, workers=1).wait()
+    print(f"rank {{c.rank}}: not failed", flush=True)
+except tg.TaskError as exc:
+    print(f"rank {{c.rank}}: failed", "leaf 8 failed" in str(exc), flush=True)
+print(f"rank {{c.rank}}: seconds {{time.time() - t0:.2f}}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_unwinding_on_ranks_keeps_values_exact_and_fails_fast(ranks, mpirun, tmp_path):
+    script = tmp_path / "unwind.py"
+    script.write_text(textwrap.dedent(JOB.format(tests=str(Path(__file__).parent))))
+    proc = mpirun(ranks, [str(script)], timeout=100)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for rank in range(ranks):
+        assert f"rank {rank}: catch caught, then 6" in proc.stdout, proc.stdout
+        assert f"rank {rank}: failed True" in proc.stdout, proc.stdout
+    if ranks > 1:  # (27 leaves of 0.3 s: 8 s on one rank, 4 on two; failed at the first)
+        for line in proc.stdout.splitlines():
+            if ": seconds " in line:
+                assert float(line.split()[-1]) < 3.0, proc.stdout
