@@ -100,7 +100,9 @@ class RunHandle:
 
     @property
     def stats(self) -> Stats:
-        """What the run did (tasks, messages, bytes); zeros until it ends."""
+        """What the run did (tasks, messages, bytes, spawned calls, steals); zeros until
+        it ends. In a batch job: this rank's own counts; on engines: every rank's
+        summed."""
         return self._stats
 
     def show(self, **kwargs):

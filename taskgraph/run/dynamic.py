@@ -375,8 +375,9 @@ class SpawnFuture(Frame):
         """The call's value, once it ended. Inside a task, the worker runs other
         spawned work meanwhile; raises :class:`SpawnedTaskError` if the call
         raised, RunError if the run stops first, and TimeoutError if it has not
-        ended after ``timeout`` seconds (the call goes on; looked at between the
-        calls the worker runs meanwhile)."""
+        ended after ``timeout`` seconds (the call goes on). The time is looked at
+        between the calls the worker runs meanwhile: one it runs, this call too, is
+        not cut short, so with one worker a wait may outlast its timeout by a call."""
         if self.state < DONE:
             self.owner.wait_for(self, past(timeout))
             if self.state < DONE:
