@@ -272,29 +272,42 @@ def waiting_rank_sleeps():
 
 @scenario
 def unpicklable_value_names_its_task():
+    """A closure sent to another rank goes by value (plain pickle failed: "Can't pickle
+    local object", where a stolen call's went); a value no pickle takes (a lock) fails
+    its task, named."""
+
+    def adder(k):
+        return lambda x: x + k
+
     @tg.task
-    def make():
-        return lambda: None  # a lambda cannot be pickled
+    def make(k):
+        return adder(k) if k else threading.Lock()
 
     @tg.task
     def use(f, t):
-        t[...] = 1.0
+        t[...] = f(1.0) if callable(f) else 1.0
 
     size = cluster().size
     B = tg.TiledMatrix.zeros((2 * size, 2), 2, grid=(size, 1))
-    with tg.Graph("unpicklable") as g:
-        f = make()
-        for i in range(size):  # writing B[i,0] puts a user on every rank (owner computes)
-            use(f, B[i, 0].rw)
+    graphs = []
+    for k in (2.0, 0):
+        with tg.Graph("unpicklable") as g:
+            f = make(k)
+            for i in range(size):  # writing B[i,0] puts a user on every rank (owner computes)
+                use(f, B[i, 0].rw)
+        graphs.append((g, f))
     travels = any(m.kind == "value" for m in tg.make_plan(g, size).messages)
     assert travels == (size > 1)
+    (closure, f), (lock, _) = graphs
+    assert cluster().run(closure).result(f)(1.0) == 3.0  # (and read on every rank)
+    assert np.all(B.to_numpy() == 3.0)
     if size == 1:
-        cluster().run(g).wait()  # nothing travels on one rank: it simply works
+        cluster().run(lock).wait()  # nothing travels on one rank: it simply works
         return
     try:
-        cluster().run(g).wait()
+        cluster().run(lock).wait()
     except tg.TaskError as err:
-        assert err.task == "make#0()", err.task
+        assert err.task == "make#0(0)", err.task
         assert "pickle" in str(err).lower(), str(err)
     else:
         raise AssertionError("an unpicklable value sent to another rank must fail")

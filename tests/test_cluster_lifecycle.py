@@ -242,6 +242,41 @@ def test_double_cancel_is_one_run_error_and_the_run_stops(cluster):
 
 
 @tg.task
+def doze(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_runs_answer_after_their_cluster_closed(marker):
+    """Each handle read the engines' records through the client, gone after close():
+    every question raised AttributeError. Now a run that ended stays done, one cut off
+    reads failed, and a value not fetched before the close says it is gone."""
+    c = tg.Cluster(n=2)
+    try:
+        with tg.Graph("ended") as g1:
+            a, b = doze(0), doze(0.01)
+        ended = c.run(g1)
+        assert ended.result(a) == 0
+        with tg.Graph("going") as g2:
+            doze(30)
+        going = c.run(g2, open=True)
+        fut = going.submit(doze, 30)
+        time.sleep(1)
+    finally:
+        c.close()
+    assert ended.state() == "done" and ended.done() and ended.wait() is ended
+    assert ended.result(a) == 0 and ended.progress() == (2, 2)
+    for read in (lambda: ended.result(b), b.result):
+        with pytest.raises(tg.RunError, match="not fetched before the cluster was closed"):
+            read()
+    assert going.state() == "failed" and going.done() and going.progress()[1] == 1
+    with pytest.raises(tg.RunError, match="the cluster was closed"):
+        going.wait(5)
+    with pytest.raises(tg.RunError, match=r"doze\(30\).*the cluster was closed"):
+        fut.result(5)
+
+
+@tg.task
 def backtrack(n: int) -> bool:
     """Hours in one C call that holds the interpreter: the engine cannot even answer."""
     return re.match(r"(a+)+$", "a" * n + "b") is not None

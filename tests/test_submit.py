@@ -9,9 +9,11 @@ calls; a cancelled run fails its pending futures, and the next run works.
 
 from __future__ import annotations
 
+import pickle
 import re
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -191,6 +193,39 @@ def test_an_engines_inbox_publishes_each_call_once_as_it_ends():
     assert not inbox.outstanding() and not inbox.keys and not inbox.ended()
 
 
+def test_an_engine_sends_a_closure_by_value_and_names_the_call_it_cannot_send():
+    """An outcome plain pickle cannot send (a closure) goes by value, and arrives as
+    itself; one no pickle takes (a lock) is told as unsent, and the notebook names the
+    call (it named its key: "submitted call s00000000")."""
+    from types import SimpleNamespace
+
+    from taskgraph.cluster.engine_side import _publish_outcomes
+    from taskgraph.cluster.submit import EngineFuture, Inbox, _outcome
+
+    run = tg.Cluster().run(open=True)
+    inbox = Inbox(run)
+    inbox.submit([("s0", _adders, (5,), {}), ("s1", _lock, (7,), {}), ("s2", abs, (-2,), {})])
+    published: dict = {}
+
+    def publish(data: dict) -> None:  # (as ipyparallel's: plain pickle)
+        published.update(pickle.loads(pickle.dumps(data)))
+
+    deadline = time.monotonic() + 30
+    while len(published) < 3 and time.monotonic() < deadline:
+        inbox.hand_over()
+        _publish_outcomes(publish, inbox)
+        time.sleep(0.01)
+    inbox.close()
+    run.wait(10)
+    assert published["s0"][0] == "ok" and published["s0"][1]["add"][0](10) == 15
+    assert published["s2"] == ("ok", 2) and published["s1"][0] == "unsent"
+    fut = EngineFuture(SimpleNamespace(cluster=SimpleNamespace(size=2)), "s1", 1, "_lock(7)", None)
+    value, error = _outcome(published["s1"], fut)
+    assert value is None and isinstance(error, tg.TaskgraphError)
+    assert str(error).startswith("_lock(7) on rank 1/2 ended, but its outcome cannot be sent")
+    assert "cannot pickle '_thread.lock' object" in str(error)
+
+
 def test_as_completed_yields_in_finishing_order_and_times_out():
     c = tg.Cluster()
     run = c.run(open=True)
@@ -286,6 +321,38 @@ def test_a_cancelled_run_fails_its_pending_submitted_calls_and_the_next_run_work
         9,
     ]
     again.wait(30)
+
+
+def _adder(k):
+    return lambda x: x + k
+
+
+def _adders(k):  # (a closure deeper in the value than ipyparallel's own canning looks)
+    return {"add": [_adder(k)]}
+
+
+def _lock(k):
+    return threading.Lock()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_closures_come_back_from_the_engines_and_an_unsendable_value_names_its_call(engines):
+    """A closure returned by a submitted call or a graph task went by plain pickle
+    only ("Can't pickle local object"), where a stolen call's value went by value; the
+    error of an outcome that cannot be sent at all named the call's key (s00000000)."""
+    run = engines.run(open=True)
+    futs = [run.submit(_adder, 5), run.submit(_adders, 6), run.submit(_lock, 7)]
+    assert futs[0].result(timeout=30)(10) == 15
+    assert futs[1].result(timeout=30)["add"][0](10) == 16
+    # (sent from where it ran, or by the thief: either way the error names the call)
+    with pytest.raises(tg.TaskgraphError, match=r"^(task )?_lock\(7\) on rank \d/2 .*pickle"):
+        futs[2].result(timeout=30)
+    run.wait(30)
+    with tg.Graph("closures") as g:
+        one, deeper = tg.task(_adder)(1), tg.task(_adders)(2)
+    done = engines.run(g)
+    assert done.result(one)(10) == 11 and done.result(deeper)["add"][0](10) == 12
 
 
 @pytest.mark.mpi

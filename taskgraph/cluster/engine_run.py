@@ -68,7 +68,9 @@ class EngineRun(RunHandle):
     States (:meth:`state`): ``"queued"`` while an earlier run of the cluster still
     going writes data this one uses, or uses data this one writes (only then: other runs
     in flight run at once), ``"running"``, then ``"done"`` or ``"failed"``. Values stay
-    on the engines until ``result(future)`` asks for one.
+    on the engines until ``result(future)`` asks for one. Once the cluster is closed
+    (or restarted) the handle answers from what it heard: a run that had not ended is
+    ``"failed"`` (cut off), and a value not fetched by then is gone (RunError).
 
     Parameters
     ----------
@@ -117,6 +119,8 @@ class EngineRun(RunHandle):
         )
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
+        # (the client that hears this run's engines: another, or none, once the cluster closes)
+        self._client = cluster.client
         forget = []
         while cluster._forgotten:
             forget.append(cluster._forgotten.popleft())
@@ -134,12 +138,31 @@ class EngineRun(RunHandle):
 
     def done(self) -> bool:
         """Whether the run is over on every engine (done or failed): each published its
-        summary, or the request that starts it failed."""
+        summary, or the request that starts it failed, or the cluster was closed (or
+        restarted) since: nothing more will come of it."""
+        return self._ended_everywhere() or self._engines_gone()
+
+    def _ended_everywhere(self) -> bool:
+        """Whether every engine published its summary, or the request that starts the
+        run failed."""
         if not self.ar.ready():
             return False
         if not self.ar.successful():
             return True
         return all("summary" in per_engine for per_engine in self._data())
+
+    def _engines_gone(self) -> bool:
+        """Whether the cluster was closed or restarted since the run was made."""
+        return self.cluster.client is not self._client
+
+    def _gone(self) -> str:
+        """What became of the cluster whose engines are gone: "closed" or "restarted"."""
+        return "closed" if self.cluster.client is None else "restarted"
+
+    def _cut_off(self) -> str:
+        """What ``wait()`` says of a run whose engines went before it ended."""
+        name, how = self.graph.name, self._gone()
+        return f"run {name!r} was cut off: the cluster was {how} before it ended"
 
     def _data(self) -> list[Mapping]:
         """What each engine published under this run's request, by rank."""
@@ -152,7 +175,7 @@ class EngineRun(RunHandle):
         what comes later in a new one: a short run's summary can land in either."""
         first = self.ar.metadata
         first = first[rank] if isinstance(first, list) else first
-        later = self.cluster.client.metadata.get(self.ar.msg_ids[rank])  # (.get: adds none)
+        later = self._client.metadata.get(self.ar.msg_ids[rank])  # (.get: adds none)
         if later is None or later is first:
             return first["data"]
         return ChainMap(later["data"], first["data"])  # (not a copy: a look per future)
@@ -191,6 +214,8 @@ class EngineRun(RunHandle):
         if self._closed or not self.open:
             return
         self._closed = True
+        if self._engines_gone():  # (nothing to tell them)
+            return
         self._outbox.flush()  # (then the close: each engine takes requests in the order sent)
         self.cluster.view.apply_async(engine_side.close_run, self.id)
 
@@ -351,7 +376,7 @@ class EngineRun(RunHandle):
         summary, and the client would keep them for the whole session."""
         if not self.ar.ready():
             return
-        records = self.cluster.client.metadata
+        records = self._client.metadata
         for rank, msg_id in enumerate(self.ar.msg_ids):
             first = self.ar.metadata
             first = first[rank] if isinstance(first, list) else first
@@ -361,10 +386,12 @@ class EngineRun(RunHandle):
                 records.pop(msg_id, None)
 
     def _read_summaries(self) -> None:
+        if not self._ended_everywhere():  # (done: the engines are gone, with the summaries)
+            raise RunError(self._cut_off())
         try:
             self.ar.get()
         except Exception as exc:  # an engine died or the engine function failed
-            if not self.cluster.alive():
+            if not self._engines_gone() and not self.cluster.alive():
                 raise RunError(self.cluster._dead_message()) from exc
             raise
         summaries = [per_engine["summary"] for per_engine in self._data()]
@@ -399,6 +426,12 @@ class EngineRun(RunHandle):
         """The value of task ``tid`` from the engine of the rank that holds it."""
         if self.summaries is None:
             self.wait()
+        if self._engines_gone():
+            raise RunError(
+                f"the value of task {self.graph.label(tid)} of run {self.graph.name!r} was "
+                f"not fetched before the cluster was {self._gone()}: the values on its "
+                "engines are gone (a value read with result() before close() is kept)"
+            )
         return self.cluster.fetch(self.id, tid, self.plan.placement[tid])
 
     @property
@@ -446,7 +479,8 @@ class EngineRun(RunHandle):
                 self.wait()
             except (TaskError, RunError) as exc:
                 error = str(exc)
-            self.ar.wait_for_output(10)
+            if not self._engines_gone():
+                self.ar.wait_for_output(10)
             self.batches()
             trace = Trace.for_graph(self.graph, self.cluster.size)
             for batch in self._kept:

@@ -42,6 +42,7 @@ from collections import OrderedDict
 import cloudpickle
 
 from ..calibrate import on_this_node
+from ..core import pickling
 from ..core.errors import RunError, TaskgraphError
 from ..core.files import held_topology, shm_files
 from ..dsl.tiled import TiledMatrix
@@ -291,7 +292,9 @@ def _watch(run, publish, interval: float, inbox: Inbox | None = None) -> None:
 
 def _publish_outcomes(publish, inbox: Inbox) -> None:
     """Publish the outcomes of the submitted calls that ended, in one message; one that
-    cannot be sent (an unpicklable value) is told as an error instead."""
+    plain pickle cannot send (a closure) goes by value, and one that cannot be sent at
+    all (an unpicklable value) is told as ``("unsent", why)`` instead: the notebook
+    names the call (see :func:`~taskgraph.cluster.submit._outcome`)."""
     outcomes = inbox.ended()
     if not outcomes or publish is None:
         return
@@ -303,13 +306,13 @@ def _publish_outcomes(publish, inbox: Inbox) -> None:
     for key, outcome in outcomes.items():
         try:
             publish({key: outcome})
+            continue
+        except Exception:  # noqa: BLE001 - by value, below
+            pass
+        try:
+            publish({key: pickling.ByValue(outcome)})  # (it arrives as the outcome itself)
         except Exception as exc:  # noqa: BLE001 - told to the notebook instead
-            rank = current_cluster().rank
-            problem = TaskgraphError(
-                f"submitted call {key} on rank {rank} ended, but its outcome cannot be "
-                f"sent to the notebook: {type(exc).__name__}: {exc}"
-            )
-            publish({key: ("err", problem)})
+            publish({key: ("unsent", f"{type(exc).__name__}: {exc}")})
 
 
 def _summary(run, batches: int) -> dict:
@@ -403,15 +406,17 @@ def _publish_batch(publish, run, seq: int, cursor, t0: float, final: bool = Fals
     return seq, cursor
 
 
-def result(run_id: str, task: int):
-    """The value of a task of a recent run, from this rank (which holds it)."""
+def result(run_id: str, task: int, by_value: bool = False):
+    """The value of a task of a recent run, from this rank (which holds it); wrapped to
+    go by value if ``by_value`` (the reply of plain pickle failed: a closure)."""
     run = RUNS.get(run_id)
     if run is None:
         raise TaskgraphError(f"run {run_id} is no longer kept on this engine")
     try:
-        return dict.__getitem__(run.values, task)
+        value = dict.__getitem__(run.values, task)
     except KeyError:
         raise TaskgraphError(
             f"task {run.graph.label(task)} of run {run.graph.name!r} has no value on rank "
             f"{current_cluster().rank}"
         ) from None
+    return pickling.ByValue(value) if by_value else value

@@ -64,6 +64,7 @@ _remote_uids = itertools.count(1)
 _live: weakref.WeakSet[EngineCluster] = weakref.WeakSet()  # clusters started here, open
 LOG_TAIL = 30  # lines of the engines' log quoted when they die at start
 STOP_TIMEOUT = 5.0  # seconds an orderly engine shutdown may take before they are killed
+_NOT_BY_NAME = {e.__name__ for e in pickling.NOT_BY_NAME}  # (as an engine's error names them)
 
 
 class EngineCluster(Cluster, kind="engines"):
@@ -286,7 +287,9 @@ class EngineCluster(Cluster, kind="engines"):
         """Disconnect; stop the controller and engines if this cluster started them.
 
         Engines started here end in order (MPI finalized, shared memory freed), then
-        the controller; leftovers are removed. A run still going is cancelled first."""
+        the controller; leftovers are removed. A run still going is cancelled first. The
+        runs' handles still answer after: a run cut off fails (RunError), and a value not
+        fetched before is gone with the engines (RunError)."""
         _live.discard(self)
         client = getattr(self, "client", None)
         if client is not None and self._owns:
@@ -306,7 +309,7 @@ class EngineCluster(Cluster, kind="engines"):
         going = [r for r in self._runs if not r.done()]
         try:
             for run in going:
-                run.cancel()
+                run.cancel("the cluster was closed")
             deadline = time.monotonic() + STOP_TIMEOUT
             while any(not r.done() for r in going) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -428,10 +431,16 @@ class EngineCluster(Cluster, kind="engines"):
         )
 
     def fetch(self, run_id: str, task: int, rank: int):
-        """The value of ``task`` of run ``run_id`` from the engine of ``rank``."""
-        return self._wait(
-            self.client[self.engine_ids[rank]].apply_async(engine_side.result, run_id, task)
-        )
+        """The value of ``task`` of run ``run_id`` from the engine of ``rank``: as
+        ipyparallel sends it, else, where its plain pickle failed (a closure inside it),
+        by value (cloudpickle) in a second request."""
+        engine = self.client[self.engine_ids[rank]]
+        try:
+            return self._wait(engine.apply_async(engine_side.result, run_id, task))
+        except Exception as exc:  # (ipyparallel's RemoteError, named as the engine's error)
+            if getattr(exc, "ename", None) not in _NOT_BY_NAME:  # (not the reply's pickling)
+                raise
+        return self._wait(engine.apply_async(engine_side.result, run_id, task, True))
 
     # -- runs ------------------------------------------------------------------------
 

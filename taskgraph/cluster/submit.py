@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError
+from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError, TaskgraphError
 from ..dsl.graph import Graph, task
 from ..dsl.options import RunOptions
 from ..run.attempts import Skipped
@@ -220,7 +220,7 @@ class EngineFuture:
         data = self.run._data_of(self.rank)
         outcome = data.get(self.key)
         if outcome is not None:
-            self._end(*_outcome(outcome))
+            self._end(*_outcome(outcome, self))
             return
         problem = self._submission_problem()
         if problem is not None:
@@ -229,9 +229,12 @@ class EngineFuture:
         if "summary" in data:  # (published after every outcome: none will come)
             outcome = data.get(self.key)
             if outcome is not None:
-                self._end(*_outcome(outcome))
+                self._end(*_outcome(outcome, self))
                 return
             self._end(None, self.run._ended_without(self.label))
+            return
+        if self.run._engines_gone():  # (closed or restarted: nothing more will come)
+            self._end(None, RunError(f"{self.label} did not end: {self.run._cut_off()}"))
             return
         if not self.run.cluster.alive():
             self._end(None, RunError(self.run.cluster._dead_message()))
@@ -315,14 +318,20 @@ class Outbox:
                 self._go(rank)
 
 
-def _outcome(outcome: tuple) -> tuple[Any, BaseException | None]:
-    """(value, error) from what an engine published: ``("ok", value)`` or
-    ``("err", error)``; a TaskError gets its remote traceback as its cause."""
+def _outcome(outcome: tuple, fut: EngineFuture) -> tuple[Any, BaseException | None]:
+    """(value, error) of ``fut`` from what an engine published: ``("ok", value)``,
+    ``("err", error)``, or ``("unsent", why)`` (its outcome did not pickle); a
+    TaskError gets its remote traceback as its cause."""
     kind, payload = outcome
     if kind == "ok":
         if payload.__class__ is Skipped:  # (on_failure="skip": it has no value)
             return None, payload.exception()
         return payload, None
+    if kind == "unsent":
+        return None, TaskgraphError(
+            f"{fut.label} on rank {fut.rank}/{fut.run.cluster.size} ended, but its outcome "
+            f"cannot be sent to the notebook: {payload}"
+        )
     if isinstance(payload, TaskError) and payload.traceback:
         payload.__cause__ = RemoteTraceback(payload.traceback)
     return None, payload

@@ -102,3 +102,21 @@ def dumps(obj: Any, protocol: int | None = pickle.HIGHEST_PROTOCOL) -> bytes:
     with io.BytesIO() as f:
         Pickler(f, protocol=protocol).dump(obj)
         return f.getvalue()
+
+
+# what plain pickle raises for what it cannot find by name (a lambda, a closure): then
+# :func:`dumps` takes it by value (see taskgraph.run.comm.dumps, taskgraph.run.steal.pack)
+NOT_BY_NAME = (pickle.PicklingError, AttributeError, TypeError)
+
+
+class ByValue:
+    """``obj`` wrapped to go by value inside something a plain pickler pickles (a
+    message of ipyparallel's): it unpickles as ``obj`` itself, not as a ByValue."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __reduce__(self):
+        return pickle.loads, (dumps(self.obj),)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core import affinity, config
+from ..core import affinity, config, pickling
 from ..core.errors import RunError
 from ..core.files import note_segments, unlink_own_shm
 from . import board
@@ -213,7 +213,13 @@ class MPINetwork(Network):
 
 
 def dumps(value) -> bytes:
-    return pickle.dumps(value, protocol=5)
+    """``value`` pickled for another rank: by plain pickle, else by value (a closure, a
+    lambda), as a stolen call's (:func:`taskgraph.run.steal.pack`); :func:`loads` reads
+    either."""
+    try:
+        return pickle.dumps(value, protocol=5)
+    except pickling.NOT_BY_NAME:  # (looked up only then: the usual value costs as before)
+        return pickling.dumps(value, protocol=5)
 
 
 def loads(buf) -> object:

@@ -92,7 +92,7 @@ def pack(call: tuple, by_name: bool = True) -> bytes:
     if by_name:
         try:
             return pickle.dumps(call, protocol=5)
-        except (pickle.PicklingError, AttributeError, TypeError):
+        except pickling.NOT_BY_NAME:
             pass
     return pickling.dumps(call, protocol=5)
 
