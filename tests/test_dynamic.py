@@ -698,3 +698,37 @@ def test_an_as_completed_left_in_a_cycle_never_blocks_the_thread_that_collects_i
     script.write_text(CYCLES)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0 and "ROOT 3000" in proc.stdout, proc.stderr[-2000:]
+
+
+def _inc(x: int) -> int:
+    return x + 1
+
+
+@tg.task
+def returns_a_future() -> object:
+    return tg.spawn(_inc, 1)
+
+
+def hands_back_a_future() -> object:
+    return tg.spawn(_inc, 2)
+
+
+@tg.task
+def asks_for_a_future() -> str:
+    try:
+        tg.spawn(hands_back_a_future).result()
+    except TypeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_future_as_a_value_fails_on_one_rank_as_on_several():
+    """On several ranks a future cannot be pickled; on one it came back as the value."""
+    with tg.Graph("leak") as g:
+        returns_a_future()
+    with pytest.raises(tg.TaskError, match="cannot leave this rank"):
+        run_in_process(g, 1)
+    with tg.Graph("leak2") as g:
+        f = asks_for_a_future()
+    run_in_process(g, 1)
+    assert "the future of _inc(2) cannot leave this rank" in f.result()

@@ -413,11 +413,22 @@ class SpawnFuture(Frame):
         return f"<spawned {self.label()} {state}>"
 
     def __reduce__(self):
-        raise TypeError(
+        raise self.cannot_leave()
+
+    def cannot_leave(self) -> TypeError:
+        """The error of this future as a task's value or another rank's argument."""
+        return TypeError(
             f"the future of {self.label()} cannot leave this rank (a task's value, an "
             "argument): it lives in the run that spawned it; return or pass its "
             "result() instead"
         )
+
+
+def refuse_future(value: Any) -> None:
+    """TypeError if a task's ``value`` is a spawned call's future: on one rank as on
+    several, where it cannot be pickled."""
+    if value.__class__ is SpawnFuture:
+        raise value.cannot_leave()
 
 
 def _failure(item: SpawnFuture, exc: BaseException, net: Any) -> tuple:
@@ -867,6 +878,7 @@ class SpawnRunner:
         try:
             if opts is None:
                 value = item.fn(*item.args, **item.kwargs)
+                refuse_future(value)
             else:  # retries, a failure policy, a checkpoint: see taskgraph.run.attempts
                 value = attempts.run_call(
                     self, worker, item.label(), item.fn, item.args, item.kwargs, opts

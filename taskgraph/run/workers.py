@@ -26,6 +26,7 @@ from ..trace.recorder import TASK_DONE, TASK_FAILED
 from . import comm as commlib
 from . import context
 from .direct import Staged
+from .dynamic import refuse_future
 from .schedstate import DONE
 from .tuning import BOUNDARY_POLLS
 
@@ -106,6 +107,7 @@ class WorkerLoop:
             value = self._call(t)
             if self._frames[index]:  # it spawned calls: they end before it does
                 self.join_root(index)
+                refuse_future(value)
             if t in self._pickle_here:  # a value another rank (or every one) reads
                 self.pickled[t] = commlib.dumps(value)
         except BaseException as exc:  # noqa: BLE001 - reported to every rank
