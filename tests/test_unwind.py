@@ -122,11 +122,15 @@ import taskgraph as tg
 sys.path.insert(0, {tests!r})
 import test_unwind as t
 
+def say(*words):  # (one write a line: the ranks' lines must not interleave)
+    sys.stdout.write(" ".join(str(w) for w in (f"rank {{c.rank}}:", *words)) + chr(10))
+    sys.stdout.flush()
+
 c = tg.Cluster()
 with tg.Graph("catch") as g:
     got = t.catcher(6, 0.1)
 c.run(g, workers=1).wait()
-print(f"rank {{c.rank}}: catch", got.result(), flush=True)
+say("catch", got.result())
 
 t.RAISED.clear()
 with tg.Graph("buried") as g:
@@ -134,10 +138,10 @@ with tg.Graph("buried") as g:
 t0 = time.time()
 try:
     c.run(g, workers=1).wait()
-    print(f"rank {{c.rank}}: not failed", flush=True)
+    say("not failed")
 except tg.TaskError as exc:
-    print(f"rank {{c.rank}}: failed", "leaf 8 failed" in str(exc), flush=True)
-print(f"rank {{c.rank}}: seconds {{time.time() - t0:.2f}}", flush=True)
+    say("failed", "leaf 8 failed" in str(exc))
+say("seconds", f"{{time.time() - t0:.2f}}")
 """
 
 
@@ -155,3 +159,87 @@ def test_unwinding_on_ranks_keeps_values_exact_and_fails_fast(ranks, mpirun, tmp
         for line in proc.stdout.splitlines():
             if ": seconds " in line:
                 assert float(line.split()[-1]) < 3.0, proc.stdout
+
+
+RUNS: list[str] = []
+
+
+def _nap(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+def below(mode: str) -> int:
+    RUNS.append("C")
+    time.sleep(0.3)  # (the other call fails meanwhile: this one is dropped as it unwinds)
+    return sum(tg.wait([tg.spawn(_nap, 0.05) for _ in range(2)]))
+
+
+def above(mode: str) -> object:
+    RUNS.append("P")
+    c = tg.spawn(below, mode)
+    if mode == "catch":
+        try:
+            return c.result() + 10
+        except Exception as exc:  # noqa: BLE001 - what it must never see
+            return f"fallback ({type(exc).__name__})"
+    if mode == "swallow":
+        try:
+            return c.result() + 10
+        except BaseException:  # noqa: BLE001 - a user's catch-all: it must not stick
+            return -990
+    if mode == "no ask":
+        return 12
+    return c.result() + 10
+
+
+def fails_at(seconds: float) -> int:
+    time.sleep(seconds)
+    raise ValueError("x")
+
+
+@tg.task
+def waits_for_both(mode: str) -> object:
+    x = tg.spawn(fails_at, 0.1)
+    p = tg.spawn(above, mode)  # (this worker runs it while it waits for x)
+    try:
+        x.result()
+    except ValueError:
+        pass
+    return p.result()
+
+
+@pytest.mark.parametrize("mode", ["ask", "catch", "swallow", "no ask"])
+def test_an_unwinding_call_never_takes_its_dropped_child_for_an_answer(mode):
+    """A review: the call unwinding above the waiter saw its own dropped child as a
+    failure (a wrong error, a fallback value, a child never run to its end)."""
+    RUNS.clear()
+    with tg.Graph("dropped") as g:
+        w = waits_for_both(mode)
+    tg.current_cluster().run(g, workers=2).wait()
+    assert w.result() == 12
+    assert RUNS == ["P", "C", "P", "C"], RUNS  # (unwound, then run again)
+
+
+def p_first() -> int:
+    STARTS.append(1)
+    return sum(sum(tg.wait([tg.spawn(_nap, 0.05) for _ in range(2)])) for _ in range(4))
+
+
+@tg.task
+def waits_in_result_first() -> int:
+    x = tg.spawn(fails_at, 0.1)
+    v = tg.spawn(p_first).result()  # (it sees x only after this: nothing to unwind for)
+    try:
+        x.result()
+    except ValueError:
+        pass
+    return v
+
+
+def test_a_waiter_in_result_of_another_call_is_not_unwound_for():
+    STARTS.clear()
+    with tg.Graph("result first") as g:
+        w = waits_in_result_first()
+    tg.current_cluster().run(g, workers=2).wait()
+    assert w.result() == 8 and len(STARTS) == 1, STARTS

@@ -264,16 +264,19 @@ def _rebuild(task, rank, size, host, error, tb, blob) -> SpawnedTaskError:
 class Frame:
     """A task running on a worker's stack that spawns: its ``name`` (label), its
     ``depth`` (a static task is 0, a child one more than its parent), the
-    ``children`` it spawned and has not joined yet, and whether it is ``unwinding``
-    (see taskgraph.run.unwind)."""
+    ``children`` it spawned and has not joined yet, whether it is ``unwinding``, and
+    the call it ``awaits`` in its last wait if only that call's end ends the wait
+    (``result()``; None: a wait that ends at any failure, as ``tg.wait``, or none) (see
+    taskgraph.run.unwind)."""
 
-    __slots__ = ("children", "depth", "name", "unwinding")
+    __slots__ = ("awaits", "children", "depth", "name", "unwinding")
 
     def __init__(self, name: str, depth: int):
         self.name = name
         self.depth = depth
         self.children: list[SpawnFuture] = []
         self.unwinding = False
+        self.awaits: SpawnFuture | None = None
 
     def label(self) -> str:
         """A readable name of the task."""
@@ -384,6 +387,8 @@ class SpawnFuture(Frame):
                 raise TimeoutError(f"{self.label()} has not ended after {timeout} s")
         if self.state == FAILED:
             self.observed = True
+            if self.exc.__class__ is Unwind:  # (dropped: its waiter unwinds, see _unwound)
+                raise Unwind(f"{self.label()} was dropped")
             raise self.error()
         if self.value.__class__ is attempts.Skipped:  # (on_failure="skip")
             raise self.value.exception(self.owner.net.host)
@@ -800,8 +805,12 @@ class SpawnRunner:
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
         with lock:
-            while fut.state < DONE:
-                if until is not None and until():
+            if frames:
+                frames[-1].awaits = fut if until is None else None
+            while True:
+                if frames and frames[-1].unwinding:  # (before its end: a dropped call's
+                    raise Unwind(f"{frames[-1].label()} unwinds")  # end is no answer)
+                if fut.state >= DONE or (until is not None and until()):
                     return
                 if self.stopping:
                     raise RunError(
@@ -811,8 +820,6 @@ class SpawnRunner:
                 if frames is None:  # not a worker of this run (the notebook's thread)
                     self.spawn_cv.wait(0.1)
                     continue
-                if frames[-1].unwinding:  # (see taskgraph.run.unwind)
-                    raise Unwind(f"{frames[-1].label()} unwinds")
                 item = take_deeper(pool, depth)
                 if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
                     continue  # (a thief took it from the board: its result comes back)
@@ -899,7 +906,7 @@ class SpawnRunner:
                 value, exc = None, e
         finally:
             frames.pop()
-        if item.unwinding and isinstance(exc, Unwind):
+        if item.unwinding:  # (whatever it ended with: a dropped child's end was no answer)
             self._unwound(item)
             return
         if opts is None:  # (a managed call counts itself)
@@ -913,7 +920,6 @@ class SpawnRunner:
     def _unwound(self: Any, item: SpawnFuture) -> None:
         """``item`` unwound (see taskgraph.run.unwind): back into the pool, to run again
         from its start, or dropped. Lock not held."""
-        net = self.net
         with self.lock:
             item.unwinding = False
             again = unwind.requeue(item) and not self.stopping
@@ -925,13 +931,15 @@ class SpawnRunner:
                 if self.spawn_waiting:
                     self.spawn_cv.notify_all()
                 return
-            item.observed = True  # (its waiter unwinds too: nobody asks for it)
-        why = "RunError: not run to its end: the call waiting for it unwound"
-        self.settle(item, None, None, (item.label(), net.rank, net.size, net.host, why, ""))
+            item.observed = True  # (its waiter unwinds too: asked, it unwinds on)
+        self.complete(item, None, Unwind(f"{item.label()} was dropped: its waiter unwinds"))
 
-    def _unbury(self: Any, waiter: Frame) -> None:
-        """A call ``waiter`` spawned failed: if calls lie above ``waiter`` on a worker's
-        stack, they unwind (see taskgraph.run.unwind). Lock held."""
+    def _unbury(self: Any, waiter: Frame, failed: SpawnFuture) -> None:
+        """``failed``, a call ``waiter`` spawned, failed: if calls lie above ``waiter`` on
+        a worker's stack, and its wait ends at this failure, they unwind (see
+        taskgraph.run.unwind). Lock held."""
+        if waiter.awaits is not None and waiter.awaits is not failed:
+            return  # (it waits in result() for another call: it sees nothing sooner)
         for stack in self._frames:
             above = unwind.frames_to_unwind(list(stack), waiter, self._may_unwind)
             if above:
@@ -1039,7 +1047,7 @@ class SpawnRunner:
             if failure is not None:
                 self.calls_failed += 1
                 if item.parent is not None and not item.observed:
-                    self._unbury(item.parent)
+                    self._unbury(item.parent, item)
             if item.watch is not None:
                 item.ended()
             if self.orphans and id(item) in self.orphans:
