@@ -243,3 +243,94 @@ def test_a_waiter_in_result_of_another_call_is_not_unwound_for():
         w = waits_in_result_first()
     tg.current_cluster().run(g, workers=2).wait()
     assert w.result() == 8 and len(STARTS) == 1, STARTS
+
+
+COUNTS: dict = {}
+
+
+def counted_leaf(i: int, bad: bool) -> int:
+    COUNTS[i] = COUNTS.get(i, 0) + 1
+    time.sleep(0.3)
+    if bad:
+        raise ValueError(f"bad {i}")
+    return 1
+
+
+def bare_except() -> int:
+    kids = [tg.spawn(counted_leaf, i, i == 0) for i in range(3)]
+    try:
+        return sum(tg.wait(kids))
+    except:  # noqa: E722 - a user's bare except: it swallows the Unwind too
+        return -1
+
+
+@tg.task
+def catches_then_asks() -> int:
+    x = tg.spawn(fails_at, 0.1)
+    a = tg.spawn(bare_except)  # (this worker runs it as it waits for x)
+    try:
+        x.result()
+        v = 0
+    except ValueError:
+        v = 100
+    return v + a.result()
+
+
+def test_a_call_rerun_after_a_swallowed_unwind_forgets_its_first_childrens_errors():
+    """A second review: the rerun's join met a failed child of the first run and raised
+    it (the run failed) where the serial program returns 99."""
+    COUNTS.clear()
+    with tg.Graph("bare") as g:
+        w = catches_then_asks()
+    tg.current_cluster().run(g, workers=2).wait()
+    assert w.result() == 99, COUNTS
+
+
+@tg.task
+def leaves_beside_a_failure(style: str) -> int:
+    x = tg.spawn(fails_at, 0.02)
+    leaves = [tg.spawn(counted_leaf, i, False) for i in range(6)]
+    total = 0
+    if style == "wait":
+        try:
+            tg.wait([x, *leaves])
+        except ValueError:
+            total += 100
+        return total + sum(tg.wait(leaves))
+    for f in tg.as_completed([x, *leaves]):
+        try:
+            total += f.result()
+        except ValueError:
+            total += 100
+    return total
+
+
+@pytest.mark.parametrize("style", ["wait", "as_completed"])
+def test_a_leaf_that_ends_while_marked_unwinding_keeps_its_value(style):
+    """A second review: a leaf running on the waiter's stack when a call failed ran to
+    its end, had its value thrown away, and ran again."""
+    COUNTS.clear()
+    with tg.Graph("leaves") as g:
+        w = leaves_beside_a_failure(style)
+    tg.current_cluster().run(g, workers=2).wait()
+    assert w.result() == 106
+    assert sum(COUNTS.values()) == 6, COUNTS
+
+
+@tg.task
+def waits_in_wait_for_another() -> int:
+    x = tg.spawn(fails_at, 0.1)
+    v = tg.wait([tg.spawn(p_first)])[0]  # (x is not among them: nothing to unwind for)
+    try:
+        x.result()
+    except ValueError:
+        pass
+    return v
+
+
+def test_a_waiter_in_tg_wait_of_other_calls_is_not_unwound_for():
+    STARTS.clear()
+    with tg.Graph("wait other") as g:
+        w = waits_in_wait_for_another()
+    tg.current_cluster().run(g, workers=2).wait()
+    assert w.result() == 8 and len(STARTS) == 1, STARTS

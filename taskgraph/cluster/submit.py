@@ -138,7 +138,8 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
                 helping = next((f for f in spawned.values() if f.owner is mine), None)
             if mine is not None and helping is not None:  # (a task of that run: it helps)
                 try:
-                    mine.wait_any(helping, pause if deadline is not None else POLL_MAX)
+                    seconds = pause if deadline is not None else POLL_MAX
+                    mine.wait_any(helping, seconds, list(spawned.values()))
                 except RunError:
                     pass  # (the run stopped: its futures are done now, each yielded)
             else:

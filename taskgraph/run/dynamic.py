@@ -45,7 +45,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -264,19 +264,19 @@ def _rebuild(task, rank, size, host, error, tb, blob) -> SpawnedTaskError:
 class Frame:
     """A task running on a worker's stack that spawns: its ``name`` (label), its
     ``depth`` (a static task is 0, a child one more than its parent), the
-    ``children`` it spawned and has not joined yet, whether it is ``unwinding``, and
-    the call it ``awaits`` in its last wait if only that call's end ends the wait
-    (``result()``; None: a wait that ends at any failure, as ``tg.wait``, or none) (see
-    taskgraph.run.unwind)."""
+    ``children`` it spawned and has not joined yet, and for taskgraph.run.unwind: the
+    calls it ``awaits`` in its last wait (whose end ends it), whether it is
+    ``unwinding`` and whether it has ``unwound`` (raised Unwind)."""
 
-    __slots__ = ("awaits", "children", "depth", "name", "unwinding")
+    __slots__ = ("awaits", "children", "depth", "name", "unwinding", "unwound")
 
     def __init__(self, name: str, depth: int):
         self.name = name
         self.depth = depth
         self.children: list[SpawnFuture] = []
+        self.awaits: Sequence[SpawnFuture] = ()
         self.unwinding = False
-        self.awaits: SpawnFuture | None = None
+        self.unwound = False
 
     def label(self) -> str:
         """A readable name of the task."""
@@ -388,6 +388,9 @@ class SpawnFuture(Frame):
         if self.state == FAILED:
             self.observed = True
             if self.exc.__class__ is Unwind:  # (dropped: its waiter unwinds, see _unwound)
+                ctx = getattr(_tls, "ctx", None)
+                if ctx is not None and ctx[2]:
+                    raise unwind_now(ctx[2][-1])
                 raise Unwind(f"{self.label()} was dropped")
             raise self.error()
         if self.value.__class__ is attempts.Skipped:  # (on_failure="skip")
@@ -584,7 +587,7 @@ def spawn(fn: Callable, /, *args: Any, **kwargs: Any) -> SpawnFuture:
     if not frames:  # the first spawn of the static task this worker runs
         frames.append(Frame(ex.graph.label(ex.current[index]), 0))
     elif frames[-1].unwinding:  # (a call it waits in failed: see taskgraph.run.unwind)
-        raise Unwind(f"{frames[-1].label()} unwinds")
+        raise unwind_now(frames[-1])
     return ex.push_spawned(frames[-1], fn, args, kwargs)
 
 
@@ -616,7 +619,7 @@ def wait(futures: Iterable[SpawnFuture], timeout: float | None = None) -> list:
                         f"{timeout} s (the first: {f.label()})"
                     )
                 owner.wait_for(
-                    f, lambda o=owner, n=failed: o.calls_failed != n or (late and late())
+                    f, lambda o=owner, n=failed: o.calls_failed != n or (late and late()), futures
                 )
             values.append(f.result())
     except TaskError:  # (SpawnedTaskError, or a skipped call's TaskSkipped; not RunError)
@@ -624,6 +627,12 @@ def wait(futures: Iterable[SpawnFuture], timeout: float | None = None) -> list:
             g.observed = True
         raise
     return values
+
+
+def unwind_now(frame: Frame) -> Unwind:
+    """The Unwind that ``frame``, marked unwinding, raises now (it has unwound)."""
+    frame.unwound = True
+    return Unwind(f"{frame.label()} unwinds")
 
 
 def past(timeout: float | None) -> Callable[[], bool] | None:
@@ -743,9 +752,15 @@ class SpawnRunner:
             self.accepting = False
         self.wake.set()
 
-    def wait_for(self: Any, fut: SpawnFuture, until: Callable[[], bool] | None = None) -> None:
+    def wait_for(
+        self: Any,
+        fut: SpawnFuture,
+        until: Callable[[], bool] | None = None,
+        awaits: Sequence[SpawnFuture] | None = None,
+    ) -> None:
         """Until ``fut`` ends (or ``until()`` is true): on a worker of this run, run
-        spawned calls deeper than the frame it waits in meanwhile; else only wait. A
+        spawned calls deeper than the frame it waits in meanwhile; else only wait.
+        ``awaits``: the calls whose end (a failure too) ends the wait (None: ``fut``). A
         managed call (one with resources: taskgraph.run.launcher) gives its resources
         back while it waits. RunError if the run stops."""
         ctx = getattr(_tls, "ctx", None)
@@ -761,28 +776,34 @@ class SpawnRunner:
         held = attempts.give_back() if frames is not None and fut.state < DONE else None
         if held is not None:  # (a managed call waits: its resources go back meanwhile)
             try:
-                self._wait_released(fut, frames, depth, held[1], until)
+                self._wait_released(fut, frames, depth, held[1], until, awaits)
             finally:
                 held[0][2] = False
             return
-        self._wait_here(fut, frames, depth, until)
+        self._wait_here(fut, frames, depth, until, awaits)
 
     def is_worker_here(self: Any) -> bool:
         """Whether this thread is a worker of this run."""
         ctx = getattr(_tls, "ctx", None)
         return ctx is not None and ctx[0] is self
 
-    def wait_any(self: Any, fut: SpawnFuture, seconds: float) -> None:
+    def wait_any(
+        self: Any, fut: SpawnFuture, seconds: float, awaits: Sequence[SpawnFuture] = ()
+    ) -> None:
         """Until ``fut`` or any other spawned call of this rank ends, or ``seconds``
         pass: :func:`~taskgraph.cluster.submit.as_completed` in a task helps as
         ``result()`` does (it slept, and a rank of one worker never ran the calls)."""
         with self.lock:
             seen = self.calls_ended
         deadline = time.perf_counter() + seconds
-        self.wait_for(fut, lambda: self.calls_ended != seen or time.perf_counter() >= deadline)
+        self.wait_for(
+            fut,
+            lambda: self.calls_ended != seen or time.perf_counter() >= deadline,
+            awaits or (fut,),
+        )
 
     def _wait_released(
-        self: Any, fut: SpawnFuture, frames: list, depth: int, need: Any, until: Any
+        self: Any, fut: SpawnFuture, frames: list, depth: int, need: Any, until: Any, awaits
     ) -> None:
         """:meth:`_wait_here`, with the cores, memory and GPUs that the managed call
         waiting on this thread holds given back meanwhile (as a blocked ``ray.get``
@@ -791,7 +812,7 @@ class SpawnRunner:
         gate = self.launcher.gate
         gate.release(need)
         try:
-            self._wait_here(fut, frames, depth, until)
+            self._wait_here(fut, frames, depth, until, awaits)
         finally:
             # (not taken again when the run stops: its launcher ends with it)
             if not gate.acquire(need, lambda: bool(self.stopping)):
@@ -800,16 +821,18 @@ class SpawnRunner:
                     f"{self.net.size} while waiting for {fut.label()}"
                 )
 
-    def _wait_here(self: Any, fut: SpawnFuture, frames: list | None, depth: int, until) -> None:
+    def _wait_here(
+        self: Any, fut: SpawnFuture, frames: list | None, depth: int, until, awaits=None
+    ) -> None:
         """The loop of :meth:`wait_for`."""
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
         with lock:
             if frames:
-                frames[-1].awaits = fut if until is None else None
+                frames[-1].awaits = (fut,) if awaits is None else awaits
             while True:
                 if frames and frames[-1].unwinding:  # (before its end: a dropped call's
-                    raise Unwind(f"{frames[-1].label()} unwinds")  # end is no answer)
+                    raise unwind_now(frames[-1])  # end is no answer)
                 if fut.state >= DONE or (until is not None and until()):
                     return
                 if self.stopping:
@@ -906,9 +929,10 @@ class SpawnRunner:
                 value, exc = None, e
         finally:
             frames.pop()
-        if item.unwinding:  # (whatever it ended with: a dropped child's end was no answer)
+        if item.unwound:  # (however it ended then: it raised Unwind, maybe swallowed)
             self._unwound(item)
             return
+        item.unwinding = False  # (it ended before a spawn or a wait: its value stands)
         if opts is None:  # (a managed call counts itself)
             attempts.count_plain(self.tally, item, exc, self.net)
         state = TASK_DONE if exc is None else TASK_FAILED
@@ -919,9 +943,11 @@ class SpawnRunner:
 
     def _unwound(self: Any, item: SpawnFuture) -> None:
         """``item`` unwound (see taskgraph.run.unwind): back into the pool, to run again
-        from its start, or dropped. Lock not held."""
+        from its start, or dropped; its children of this run let go. Lock not held."""
+        self.let_go_children(item)
         with self.lock:
-            item.unwinding = False
+            item.children = []
+            item.unwinding = item.unwound = False
             again = unwind.requeue(item) and not self.stopping
             if again:
                 item.state, item.exc, item.value = PENDING, None, None
@@ -938,8 +964,8 @@ class SpawnRunner:
         """``failed``, a call ``waiter`` spawned, failed: if calls lie above ``waiter`` on
         a worker's stack, and its wait ends at this failure, they unwind (see
         taskgraph.run.unwind). Lock held."""
-        if waiter.awaits is not None and waiter.awaits is not failed:
-            return  # (it waits in result() for another call: it sees nothing sooner)
+        if not any(f is failed for f in waiter.awaits):
+            return  # (it waits for other calls: it would see nothing sooner)
         for stack in self._frames:
             above = unwind.frames_to_unwind(list(stack), waiter, self._may_unwind)
             if above:
@@ -964,9 +990,11 @@ class SpawnRunner:
         for c in children:
             while c.state < DONE and not failing:
                 seen = self.calls_failed
-                self.wait_for(c, lambda n=seen: self.calls_failed != n)
+                self.wait_for(c, lambda n=seen: self.calls_failed != n, children)
                 if self.calls_failed != seen:
                     failing = any(x.state == FAILED and not x.observed for x in children)
+        if frame.unwinding and any(c.exc.__class__ is Unwind for c in children):
+            raise unwind_now(frame)  # (a child was dropped: the frame's own end is no answer)
         if failing:
             self.let_go_children(frame)
         frame.children = []

@@ -9,10 +9,13 @@ first), and the call that a frame outside the unwinding part still waits for goe
 back to the pool, to run again from its start if it is still wanted (the waiter may
 catch the error and ask for it); the others, whose waiters unwind too, are dropped.
 
-A call that ends while unwinding, however it ended (it may have seen its dropped
-child's end, or swallowed the Unwind), counts as unwound; a dropped call asked for
-raises Unwind, never an answer. Nothing unwinds for a waiter in ``result()`` of
-another call than the failed one: it would see the failure no sooner.
+A call that has raised Unwind counts as unwound however it then ended (it may have
+swallowed it): it runs again with none of its first run's children; one that ends
+before its next spawn or wait keeps its value. A dropped call asked for, or met in
+the implicit join, raises Unwind, never an answer. Nothing unwinds for a waiter whose
+wait is for other calls than the failed one (``result()``, ``tg.wait``, the join,
+``as_completed``: the calls it waits for are noted): it would see the failure no
+sooner.
 
 Only plain spawned calls unwind: a static task, or a call with options (retries, a
 timeout, resources), stays, and the waiter sees the error once it ends, as before.
