@@ -827,12 +827,13 @@ class SpawnRunner:
         """The loop of :meth:`wait_for`."""
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
+        top = frames[-1] if frames else None  # (the frame that waits)
         with lock:
-            if frames:
-                frames[-1].awaits = (fut,) if awaits is None else awaits
+            if top is not None:
+                top.awaits = (fut,) if awaits is None else awaits
             while True:
-                if frames and frames[-1].unwinding:  # (before its end: a dropped call's
-                    raise unwind_now(frames[-1])  # end is no answer)
+                if top is not None and top.unwinding:  # (before its end: a dropped call's
+                    raise unwind_now(top)  # end is no answer)
                 if fut.state >= DONE or (until is not None and until()):
                     return
                 if self.stopping:
@@ -932,7 +933,8 @@ class SpawnRunner:
         if item.unwound:  # (however it ended then: it raised Unwind, maybe swallowed)
             self._unwound(item)
             return
-        item.unwinding = False  # (it ended before a spawn or a wait: its value stands)
+        if item.unwinding:  # (it ended before a spawn or a wait: its value stands)
+            item.unwinding = False
         if opts is None:  # (a managed call counts itself)
             attempts.count_plain(self.tally, item, exc, self.net)
         state = TASK_DONE if exc is None else TASK_FAILED
