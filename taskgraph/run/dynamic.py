@@ -825,53 +825,57 @@ class SpawnRunner:
         self: Any, fut: SpawnFuture, frames: list | None, depth: int, until, awaits=None
     ) -> None:
         """The loop of :meth:`wait_for`."""
+        top = frames[-1] if frames else None  # (the frame that waits)
+        if top is not None:
+            top.awaits = (fut,) if awaits is None else awaits
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
-        top = frames[-1] if frames else None  # (the frame that waits)
-        with lock:
-            if top is not None:
-                top.awaits = (fut,) if awaits is None else awaits
-            while True:
-                if top is not None and top.unwinding:  # (before its end: a dropped call's
-                    raise unwind_now(top)  # end is no answer)
-                if fut.state >= DONE or (until is not None and until()):
-                    return
-                if self.stopping:
-                    raise RunError(
-                        f"run {self.graph.name!r} stopped on rank {self.net.rank}/"
-                        f"{self.net.size} while waiting for {fut.label()}"
-                    )
-                if frames is None:  # not a worker of this run (the notebook's thread)
-                    self.spawn_cv.wait(0.1)
-                    continue
-                item = take_deeper(pool, depth)
-                if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
-                    continue  # (a thief took it from the board: its result comes back)
-                if item is None and self.sched.ready:
-                    worker = _tls.ctx[1]
-                    if self.may_nest_static(worker, frames):
-                        rung = False
-                        self.run_static_nested(worker, frames)  # (a stop: the loop raises)
+        try:  # (one Python frame a wait: 150 nested waits must fit the interpreter's stack)
+            with lock:
+                while True:
+                    if top is not None and top.unwinding:  # (before its end: a dropped
+                        raise unwind_now(top)  # call's end is no answer)
+                    if fut.state >= DONE or (until is not None and until()):
+                        return
+                    if self.stopping:
+                        raise RunError(
+                            f"run {self.graph.name!r} stopped on rank {self.net.rank}/"
+                            f"{self.net.size} while waiting for {fut.label()}"
+                        )
+                    if frames is None:  # not a worker of this run (the notebook's thread)
+                        self.spawn_cv.wait(0.1)
                         continue
-                if item is None:
-                    self.spawn_waiting += 1
-                    self.wait_depths.append(depth)  # (what a thief here may take)
-                    if not rung and self.steal is not None:
-                        # the rank may be idle now: its progress thread asks at once,
-                        # not after the long sleep of a rank whose workers compute
-                        # (rank 0 of a 2-rank UTS sat idle 4 ms at the start so)
-                        rung = self.spawn_waiting + self.waiting >= self.nworkers
-                        if rung:
-                            self.wake.set()
-                    try:  # (a timeout's interrupt may land in the wait)
-                        self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
-                    finally:
-                        self.wait_depths.remove(depth)
-                        self.spawn_waiting -= 1
-                    continue
-                item.state = RUNNING
-                rung = False
-                self._run_deeper(item, frames)
+                    item = take_deeper(pool, depth)
+                    if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
+                        continue  # (a thief took it from the board: its result comes back)
+                    if item is None and self.sched.ready:
+                        worker = _tls.ctx[1]
+                        if self.may_nest_static(worker, frames):
+                            rung = False
+                            self.run_static_nested(worker, frames)  # (a stop: the loop raises)
+                            continue
+                    if item is None:
+                        self.spawn_waiting += 1
+                        self.wait_depths.append(depth)  # (what a thief here may take)
+                        if not rung and self.steal is not None:
+                            # the rank may be idle now: its progress thread asks at once,
+                            # not after the long sleep of a rank whose workers compute
+                            # (rank 0 of a 2-rank UTS sat idle 4 ms at the start so)
+                            rung = self.spawn_waiting + self.waiting >= self.nworkers
+                            if rung:
+                                self.wake.set()
+                        try:  # (a timeout's interrupt may land in the wait)
+                            self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
+                        finally:
+                            self.wait_depths.remove(depth)
+                            self.spawn_waiting -= 1
+                        continue
+                    item.state = RUNNING
+                    rung = False
+                    self._run_deeper(item, frames)
+        finally:
+            if top is not None:
+                top.awaits = ()  # (kept, it would tie the frame and its calls in a cycle)
 
     def _run_deeper(self: Any, item: SpawnFuture, frames: list) -> None:
         """Run ``item`` on this waiting worker's stack. Lock held on entry and exit. A
