@@ -105,8 +105,18 @@ def dumps(obj: Any, protocol: int | None = pickle.HIGHEST_PROTOCOL) -> bytes:
 
 
 # what plain pickle raises for what it cannot find by name (a lambda, a closure): then
-# :func:`dumps` takes it by value (see taskgraph.run.comm.dumps, taskgraph.run.steal.pack)
+# :func:`dumps` takes it by value (see :func:`plain_first`)
 NOT_BY_NAME = (pickle.PicklingError, AttributeError, TypeError)
+
+
+def plain_first(obj: Any, protocol: int = 5) -> bytes:
+    """``obj`` pickled by plain pickle where all it holds is found by name (a few µs),
+    else by value (:func:`dumps`: a function of the notebook or the script, a lambda, a
+    closure): values between ranks and stolen calls (taskgraph.run.comm, .steal)."""
+    try:
+        return pickle.dumps(obj, protocol=protocol)
+    except NOT_BY_NAME:  # (looked up only then: the usual value costs as plain pickle)
+        return dumps(obj, protocol=protocol)
 
 
 class ByValue:

@@ -212,14 +212,7 @@ class MPINetwork(Network):
             pass
 
 
-def dumps(value) -> bytes:
-    """``value`` pickled for another rank: by plain pickle, else by value (a closure, a
-    lambda), as a stolen call's (:func:`taskgraph.run.steal.pack`); :func:`loads` reads
-    either."""
-    try:
-        return pickle.dumps(value, protocol=5)
-    except pickling.NOT_BY_NAME:  # (looked up only then: the usual value costs as before)
-        return pickling.dumps(value, protocol=5)
+dumps = pickling.plain_first  # a value for another rank; :func:`loads` reads either kind
 
 
 def loads(buf) -> object:

@@ -788,7 +788,7 @@ class SpawnRunner:
         return ctx is not None and ctx[0] is self
 
     def wait_any(
-        self: Any, fut: SpawnFuture, seconds: float, awaits: Sequence[SpawnFuture] = ()
+        self: Any, fut: SpawnFuture, seconds: float, awaits: Sequence[SpawnFuture] | None = None
     ) -> None:
         """Until ``fut`` or any other spawned call of this rank ends, or ``seconds``
         pass: :func:`~taskgraph.cluster.submit.as_completed` in a task helps as
@@ -799,7 +799,7 @@ class SpawnRunner:
         self.wait_for(
             fut,
             lambda: self.calls_ended != seen or time.perf_counter() >= deadline,
-            awaits or (fut,),
+            awaits,
         )
 
     def _wait_released(
@@ -913,7 +913,8 @@ class SpawnRunner:
         try:
             if opts is None:
                 value = item.fn(*item.args, **item.kwargs)
-                refuse_future(value)
+                if item.children:  # (only a call that spawned can return a future)
+                    refuse_future(value)
             else:  # retries, a failure policy, a checkpoint: see taskgraph.run.attempts
                 value = attempts.run_call(
                     self, worker, item.label(), item.fn, item.args, item.kwargs, opts

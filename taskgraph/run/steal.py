@@ -89,12 +89,7 @@ def pack(call: tuple, by_name: bool = True) -> bytes:
     value (a function of the notebook or the script, a lambda: tens of µs on the
     victim's path; a value of a class such a function brought along, which arrives as
     the victim's own class). ``by_name``: try plain pickle first."""
-    if by_name:
-        try:
-            return pickle.dumps(call, protocol=5)
-        except pickling.NOT_BY_NAME:
-            pass
-    return pickling.dumps(call, protocol=5)
+    return pickling.plain_first(call) if by_name else pickling.dumps(call, protocol=5)
 
 
 HEAD = struct.Struct("<qqd")  # a call's (key, depth, sent) ahead of its pickle
