@@ -111,9 +111,11 @@ def test_a_call_unwound_for_a_waiter_that_catches_runs_again_to_its_value():
     STARTS.clear()
     with tg.Graph("catch") as g:
         c = catcher(8, 0.15)
-    tg.current_cluster().run(g, workers=2).wait()
+    run = tg.current_cluster().run(g, workers=2).wait()
     assert c.result() == "caught, then 8"
     assert len(STARTS) == 2, STARTS  # (unwound under the waiter, then run again)
+    s = run.summary()  # (the rerun is said: its counts hold both runs)
+    assert s.reruns == 1 and "1 unwound and ran again" in s.headline(), s.headline()
 
 
 JOB = """

@@ -160,15 +160,17 @@ class Tally:
     a ``list.append``): ``ok`` calls that ended well (managed ones, and spawned or
     submitted ones), ``static`` managed graph tasks that ended (any way), ``failed``
     (label, rank, error) of calls whose last attempt failed, ``skipped`` labels,
-    ``retries``, ``hits`` (values from the checkpoint)."""
+    ``retries``, ``hits`` (values from the checkpoint), ``reruns`` (spawned calls put
+    back to run again from their start after unwinding: taskgraph.run.unwind)."""
 
-    __slots__ = ("failed", "hits", "ok", "retries", "skipped", "static")
+    __slots__ = ("failed", "hits", "ok", "reruns", "retries", "skipped", "static")
 
     def __init__(self) -> None:
         self.ok = 0
         self.static = 0
         self.retries = 0
         self.hits = 0
+        self.reruns = 0
         self.failed: list[tuple[str, int, str]] = []
         self.skipped: list[str] = []
 
@@ -179,6 +181,7 @@ class Tally:
             "ok": ok,
             "retries": self.retries,
             "hits": self.hits,
+            "reruns": self.reruns,
             "failed": list(self.failed),
             "skipped": list(self.skipped),
         }
@@ -190,21 +193,27 @@ HANDLED = (
 )
 
 
+RERUNS = "every run of a call is counted"  # (see taskgraph.run.unwind)
+
+
 @dataclass(repr=False)  # (its repr is its text: a script's last expression prints it)
 class Summary:
     """What a run did, over every rank: ``succeeded`` calls (graph tasks, spawned and
     submitted calls; with retries, and ``from_checkpoint`` of them read from the
     checkpoint), ``failed`` (label, rank, error) of the calls whose last attempt
     failed, ``skipped`` (labels of calls not run: an input was skipped), ``retries``
-    (attempts after a failed one); ``ended_well``: the run did not fail, so every
-    failure was handled (a caller caught it, the call's ``on_failure``, or it is kept in
-    a submitted call's future)."""
+    (attempts after a failed one); ``reruns``: spawned calls that an error unwound and
+    that ran again from their start (taskgraph.run.unwind): each run of a call, and of
+    the calls it spawned, is counted, so the counts exceed the calls of the program;
+    ``ended_well``: the run did not fail, so every failure was handled (a caller caught
+    it, the call's ``on_failure``, or it is kept in a submitted call's future)."""
 
     name: str = ""
     succeeded: int = 0
     failed: list[tuple[str, int, str]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     retries: int = 0
+    reruns: int = 0
     from_checkpoint: int = 0
     ended_well: bool = False
 
@@ -215,6 +224,7 @@ class Summary:
         for p in parts:
             s.succeeded += p["ok"]
             s.retries += p["retries"]
+            s.reruns += p.get("reruns", 0)
             s.from_checkpoint += p["hits"]
             s.failed.extend(tuple(f) for f in p["failed"])
             s.skipped.extend(p["skipped"])
@@ -228,9 +238,10 @@ class Summary:
     def headline(self) -> str:
         """One line of counts."""
         ck = f" ({self.from_checkpoint} from the checkpoint)" if self.from_checkpoint else ""
+        again = f" ({self.reruns} unwound and ran again: {RERUNS})" if self.reruns else ""
         return (
             f"run {self.name!r}: {self.succeeded} succeeded{ck}, {len(self.failed)} failed, "
-            f"{len(self.skipped)} skipped, {self.retries} retries"
+            f"{len(self.skipped)} skipped, {self.retries} retries{again}"
         )
 
     def __str__(self) -> str:

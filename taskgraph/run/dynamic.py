@@ -957,6 +957,7 @@ class SpawnRunner:
             item.unwinding = item.unwound = False
             again = unwind.requeue(item) and not self.stopping
             if again:
+                self.tally.reruns += 1
                 item.state, item.exc, item.value = PENDING, None, None
                 self.spool.append(item)
                 if self.waiting:
