@@ -7,17 +7,18 @@ numba and a statically chunked process pool, in the same run.
 Per program, in this process: the serial program (the numba leaf of
 :mod:`benchmarks.leaves` called on the root, best of REPEAT) and
 ``ProcessPoolExecutor(2)`` with static chunking of the same leaves (the top levels
-unfolded serially into leaf calls, dealt round-robin into one chunk per process, best
-of REPEAT, the unfolding timed with the rest; the pool started and its leaves compiled
-beforehand). Then the taskgraph
-version, recursive functions that ``tg.spawn`` their subproblems and wait for them
-(``fut.result()``, ``tg.wait``), in real ``mpiexec`` jobs of 1, 2, 3 and 4 ranks x 1
-worker (3 and 4 oversubscribed on 2 cores), one warm-up run and best of REPEAT timed
-runs in each job. Each ``dynamic`` row: ``speedup_vs_serial`` (serial seconds over
+unfolded serially into leaf calls, dealt round-robin into one chunk per process, the
+unfolding timed with the rest; the pool started and its leaves compiled beforehand),
+each best of REPEAT before the taskgraph jobs and REPEAT after: best of 2 x REPEAT. Then
+the taskgraph version, recursive functions that ``tg.spawn`` their subproblems and wait
+for them (``fut.result()``, ``tg.wait``), in real ``mpiexec`` jobs of 1, 2, 3 and 4
+ranks x 1 worker (3 and 4 oversubscribed on 2 cores), one warm-up run and best of 2 x
+REPEAT timed runs in each job (as many as each baseline: on a noisy machine the best of
+more runs is lower). Each ``dynamic`` row: ``speedup_vs_serial`` (serial seconds over
 ours) and ``vs_pool`` (the pool's seconds over ours: above 1 is better), the value and
-whether it equals the serial program's, and each rank's CPU over the run as a
-fraction of a core (``cpu_fraction_by_rank``); ``steals`` and their median latency
-(request to arrival), and ``pushes``, calls a victim sent an idle rank unasked
+whether it equals the serial program's, and each rank's CPU over the run as a fraction
+of a core (``cpu_fraction_by_rank``); ``steals`` and their median latency (request to
+arrival), and ``pushes``, calls a victim sent an idle rank unasked
 (taskgraph.run.steal), with theirs (from the push: not in the steal latency).
 
 Also: ``dynamic_loaded``, UTS on 2 ranks while a busy loop pinned to CPU 0 shares the
@@ -50,7 +51,8 @@ import numpy as np
 from benchmarks import common, leaves
 from taskgraph.core import config
 
-REPEAT = 3  # best of, for every measurement
+REPEAT = 3  # best of, for every measurement (the baselines: twice, before and after the jobs)
+TG_REPEAT = 2 * REPEAT  # timed runs a job: as many as each baseline gets
 POOL = 2  # the process pool's processes: the reference machine's cores
 POOL_START = 60.0  # seconds for every process of the pool to start and compile its leaves
 RANKS = (1, 2, 3, 4)
@@ -144,7 +146,7 @@ def best_seconds(fn, repeat: int = REPEAT) -> tuple[float, Any]:
     return best, value
 
 
-def pool_seconds(p: Program, pool: ProcessPoolExecutor) -> tuple[float, int]:
+def pool_seconds(p: Program, pool: ProcessPoolExecutor, repeat: int = REPEAT) -> tuple[float, int]:
     """Best time of the statically chunked program on ``pool``, and its value: the
     unfolding of the top levels counts, as the task version's and the serial one do."""
 
@@ -153,7 +155,7 @@ def pool_seconds(p: Program, pool: ProcessPoolExecutor) -> tuple[float, int]:
         parts = [pool.submit(run_chunk, p.name, items[i::POOL]) for i in range(POOL)]
         return base + sum(f.result() for f in parts)
 
-    seconds, value = best_seconds(once)
+    seconds, value = best_seconds(once, repeat)
     return seconds, int(value)
 
 
@@ -371,7 +373,7 @@ def base_row(p: Program, serial_s: float, pool_s: float, value: int) -> dict:
 
 def tg_job(p: Program, ranks: int, timeout: float) -> dict:
     """The taskgraph version of ``p`` in a job of ``ranks`` ranks: rank 0's figures."""
-    return job(ranks, ["--child", json.dumps(asdict(p)), "--repeat", str(REPEAT)], timeout)
+    return job(ranks, ["--child", json.dumps(asdict(p)), "--repeat", str(TG_REPEAT)], timeout)
 
 
 def rate(base: dict, ranks: int, got: dict) -> dict:
@@ -396,7 +398,8 @@ def rate(base: dict, ranks: int, got: dict) -> dict:
 
 
 def baselines(p: Program, pool: ProcessPoolExecutor) -> tuple[float, float, int]:
-    """Serial and pool seconds of ``p`` (best of REPEAT each) and the value."""
+    """Serial and pool seconds of ``p`` (best of REPEAT each) and the value (taken
+    twice, see :func:`measure_program`)."""
     serial_s, value = best_seconds(lambda: serial(p))
     pool_s, pool_value = pool_seconds(p, pool)
     if pool_value != value:
@@ -422,7 +425,7 @@ def loaded(p: Program, rows: list[dict], pool: ProcessPoolExecutor, spawn: bool,
     unloaded = next(r for r in rows if r["program"] == p.name and r.get("ranks", 2) == 2)
     row = {"benchmark": "dynamic_loaded", "program": p.name, "ranks": 2, "busy_loop_cpu": 0}
     with BusyLoop(0):
-        pool_s, _ = pool_seconds(p, pool)
+        pool_s, _ = pool_seconds(p, pool, TG_REPEAT)  # (as many as unloaded)
         got = rate(unloaded, 2, tg_job(p, 2, timeout)) if spawn else {"taskgraph": UNAVAILABLE}
     row["pool_seconds"] = round(pool_s, 4)
     row["pool_vs_unloaded"] = round(pool_s / unloaded["pool_seconds"], 3)
