@@ -265,10 +265,13 @@ def test_as_completed_inside_a_task_runs_the_calls_it_waits_for(workers):
 
 
 def test_a_recursion_deeper_than_one_stack_holds_fails_clearly_and_at_once():
-    """NEST_LIMIT waits nested on one worker complete (the README's "up to 150"); past
-    them, the waiting call fails with a RecursionError naming the limit, which reaches
-    the run (no hang, no stack blown)."""
+    """NEST_LIMIT waits nested on one worker complete (the README's 5,000; 150 before
+    the waits went on fresh threads' stacks, a RecursionError past ~160); past them,
+    the waiting call fails with a RecursionError naming the limit, which reaches the
+    run (no hang, no stack blown)."""
     from taskgraph.run.dynamic import NEST_LIMIT
+
+    assert NEST_LIMIT >= 5000
 
     with tg.Graph("as deep as promised") as g:
         c = chain(NEST_LIMIT)
@@ -279,6 +282,38 @@ def test_a_recursion_deeper_than_one_stack_holds_fails_clearly_and_at_once():
     deeper = rf"nested {NEST_LIMIT + 1} deep .* \(at most {NEST_LIMIT}\): .* cannot wait for chain"
     with pytest.raises(tg.TaskError, match=deeper):
         run_in_process(g, 1)
+
+
+def fails_deep(depth: int) -> int:
+    """A recursion ``depth`` spawns deep whose bottom raises."""
+    if depth == 0:
+        raise ValueError("the bottom")
+    return tg.spawn(fails_deep, depth - 1).result() + 1
+
+
+@tg.task
+def catches_deep(depth: int) -> str:
+    try:
+        return str(tg.spawn(fails_deep, depth).result())
+    except ValueError as exc:
+        return f"caught {type(exc).__name__}: {str(exc).count('failed')} levels"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_at_the_bottom_of_waits_on_several_threads_stacks_is_caught(workers):
+    """The bottom of a recursion 1,000 deep (waits on ~15 threads' stacks, see
+    nest_segment) raises; the error comes up through every level to the task that
+    catches it, and the worker threads are the run's again after."""
+    from taskgraph.run.dynamic import nest_segment
+
+    assert 1000 > 10 * nest_segment()
+    with tg.Graph("deep error") as g:
+        c = catches_deep(1000)
+    run_in_process(g, workers)
+    assert c.result().startswith("caught SpawnedTaskError"), c.result()
+    time.sleep(0.2)  # (the threads of the deeper waits end as their waits do)
+    deeper = [t.name for t in threading.enumerate() if "deep)" in t.name]
+    assert not deeper, deeper
 
 
 @pytest.mark.parametrize("workers", [1, 2])

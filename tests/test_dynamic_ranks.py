@@ -1,6 +1,7 @@
 """The issue's dynamic checks on 1, 2 and 3 real MPI ranks, one job per rank count:
 fib, N-Queens and an unbalanced tree exact (with and without random slow leaves,
-stealing on 2 and 3 ranks), a recursion 35 deep, a grandchild's exception caught by its
+stealing on 2 and 3 ranks), a recursion 400 deep (waits on several threads' stacks), a
+grandchild's exception caught by its
 grandparent, two spawning runs in flight (one fails, the other goes on), a cancel
 during a stealing run (every rank idle within 2 s, then a next run), and no process
 left behind."""
@@ -167,7 +168,7 @@ for workers, delay in ((1, 0.0), (1, 0.002), (2, 0.002)):
         f = fib(22, 12, delay)
         q = queens(8, cutoff=5, delay=delay)
         u = uts(delay=delay)
-        d = chain(35)
+        d = chain(400)
         gp = grandparent(5, delay)
     run = c.run(g, workers=workers).wait()
     say("case", workers, delay, f.result(), q.result(), u.result(), d.result(),
@@ -228,7 +229,7 @@ def test_recursive_programs_steals_errors_and_cancel_on_ranks(ranks, mpirun, tmp
     proc = mpirun(ranks, [str(script)], timeout=200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
-    want = f"{serial_fib(22)} 92 {serial_uts(7, 0)} 35"
+    want = f"{serial_fib(22)} 92 {serial_uts(7, 0)} 400"
     for workers, delay in ((1, 0.0), (1, 0.002), (2, 0.002)):
         steals = 0
         for rank in range(ranks):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-tls = threading.local()  # .ctx: (executor, worker index, frame stack), or None
+tls = threading.local()  # .ctx: (executor, worker index, frame stack), or None; .base:
+# the frames of that stack that lie on other threads' stacks (see nested_here)
 in_pool_process = False  # this process runs process=True tasks (taskgraph.run.procpool)
 
 
@@ -20,6 +21,7 @@ class TaskAbandoned(BaseException):
 def enter_worker(ex: Any, index: int, frames: list) -> None:
     """This thread is worker ``index`` of ``ex``; ``frames``: its frame stack."""
     tls.ctx = (ex, index, frames)
+    tls.base = 0
 
 
 def leave_worker() -> None:
@@ -33,5 +35,12 @@ def current() -> tuple | None:
 
 
 def enter(ctx: tuple | None) -> None:
-    """This thread works as ``ctx`` says (a :func:`current` of another thread)."""
+    """This thread works as ``ctx`` says (a :func:`current` of another thread), on a
+    stack of its own: the frames its worker has now lie on the other's."""
     tls.ctx = ctx
+    tls.base = len(ctx[2]) if ctx is not None else 0
+
+
+def nested_here(frames: list) -> int:
+    """How many of ``frames`` (this thread's worker's stack) lie on this thread's stack."""
+    return len(frames) - getattr(tls, "base", 0)

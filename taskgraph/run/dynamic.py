@@ -13,8 +13,11 @@ worker thread of an :class:`~taskgraph.run.executor.Executor` sets when it start
              wait on ``spawn_cv``
 
 - **Helping, bounded.** A waiting worker runs only work deeper than the task it waits
-  in, so the frames nested on one stack never outnumber the depth of the recursion,
-  and no thread is ever started. It never deadlocks: the deepest waiter of any chain
+  in, so the frames nested on its stack never outnumber the depth of the recursion.
+  Every :func:`nest_segment` nested waits (~66) the next goes on on a new thread's
+  stack while this one blocks (one thread works for the worker at a time; the
+  interpreter's recursion limit counts a thread's frames): NEST_LIMIT deep in all.
+  It never deadlocks: the deepest waiter of any chain
   waits for a child that is either running or in the pool and deeper than itself.
   With nothing deeper (its call was stolen), a shallow waiter runs a ready static
   task on its stack, once (a static task reads only what has been written: it never
@@ -40,6 +43,7 @@ from __future__ import annotations
 import pickle
 import re
 import reprlib
+import sys
 import textwrap
 import threading
 import time
@@ -62,9 +66,16 @@ from .unwind import Unwind
 
 PENDING, RUNNING, DONE, FAILED = range(4)
 
-# spawned calls nested on one worker's stack at most (each takes ~5 Python frames of
-# the interpreter's 1000): deeper, the waiting call fails with a clear error
-NEST_LIMIT = 150
+# spawned calls nested on one worker at most: deeper, the waiting call fails with a
+# clear error (each NEST_SEGMENT of them on a thread of their own: see _wait_nested)
+NEST_LIMIT = 5000
+
+
+def nest_segment() -> int:
+    """Waits nested on one thread's stack before the next goes on a new thread's: each
+    takes ~6 of the interpreter's frames (1000 by default), the calls' own come on top."""
+    return max(8, (sys.getrecursionlimit() - 200) // 12)
+
 
 _short = reprlib.Repr()
 _short.maxstring = 20
@@ -780,7 +791,7 @@ class SpawnRunner:
             finally:
                 held[0][2] = False
             return
-        self._wait_here(fut, frames, depth, until, awaits)
+        self._wait_nested(fut, frames, depth, until, awaits)
 
     def is_worker_here(self: Any) -> bool:
         """Whether this thread is a worker of this run."""
@@ -812,7 +823,7 @@ class SpawnRunner:
         gate = self.launcher.gate
         gate.release(need)
         try:
-            self._wait_here(fut, frames, depth, until, awaits)
+            self._wait_nested(fut, frames, depth, until, awaits)
         finally:
             # (not taken again when the run stops: its launcher ends with it)
             if not gate.acquire(need, lambda: bool(self.stopping)):
@@ -820,6 +831,36 @@ class SpawnRunner:
                     f"run {self.graph.name!r} stopped on rank {self.net.rank}/"
                     f"{self.net.size} while waiting for {fut.label()}"
                 )
+
+    def _wait_nested(
+        self: Any, fut: SpawnFuture, frames: list | None, depth: int, until, awaits
+    ) -> None:
+        """:meth:`_wait_here`, on a new thread's stack if this one holds
+        :func:`nest_segment` nested waits already (this thread blocks meanwhile: the
+        worker is one thread at a time), so that a recursion NEST_LIMIT deep fits in
+        the interpreter's recursion limit, which counts a thread's frames."""
+        if frames is None or context.nested_here(frames) < nest_segment():
+            return self._wait_here(fut, frames, depth, until, awaits)
+        ctx, out = _tls.ctx, []
+
+        def deeper() -> None:
+            context.enter(ctx)
+            try:
+                self._wait_here(fut, frames, depth, until, awaits)
+            except BaseException as exc:  # noqa: BLE001 - raised on the waiting thread
+                out.append(exc)
+
+        name = f"taskgraph-worker {ctx[1]} (waits {len(frames)} deep)"
+        th = threading.Thread(target=deeper, name=name, daemon=True)
+        th.start()
+        th.join()
+        if out:
+            exc = out.pop()
+            try:
+                raise exc
+            finally:
+                del exc
+        return None
 
     def _wait_here(
         self: Any, fut: SpawnFuture, frames: list | None, depth: int, until, awaits=None
