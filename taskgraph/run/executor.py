@@ -389,6 +389,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 all_done = sched.done == sched.ntasks
                 all_done = all_done and not self.accepting and not self.submitted_left
                 all_done = all_done and not self.orphans  # (their results are still due)
+                quiet = all_done and not self.spool and not self.spawned_running
                 pollers = self.pollers
                 if steal is not None:  # every worker waits, and none has work here
                     depth = idle_depth(
@@ -402,7 +403,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 busy = bool(tr.try_poll())
             if steal is not None:
                 # (not after work came: the idleness seen before the poll is stale)
-                if self._steal_step(None if busy else depth, all_done):
+                if self._steal_step(None if busy else depth, all_done, quiet):
                     return
             elif all_done:
                 with tr.token:  # no worker is half-way through a poll
@@ -458,15 +459,17 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         unrung = steal is not None and not steal.all_rung
         return self._running + self.spawned_running - (self.spawn_waiting if unrung else 0)
 
-    def _steal_step(self, depth: int | None, all_done: bool) -> bool:
+    def _steal_step(self, depth: int | None, all_done: bool, quiet: bool) -> bool:
         """One step of stealing (see :meth:`~taskgraph.run.steal.Stealer.step`), if
-        the network token is free; ``depth``: see :func:`~taskgraph.run.steal.idle_depth`.
-        True when the run may end on this rank."""
+        the network token is free; ``depth``: see :func:`~taskgraph.run.steal.idle_depth`;
+        ``quiet``: ``all_done``, and no spawned call in the pool or running here. True
+        when the run may end on this rank."""
         tr = self.transfers
         if not tr.token.acquire(blocking=False):
             return False
         try:
             assert self.steal is not None
-            return self.steal.step(depth, all_done and not tr.left())
+            left = tr.left()
+            return self.steal.step(depth, all_done and not left, quiet and not left)
         finally:
             tr.token.release()

@@ -36,9 +36,10 @@ thief's own request, if one is out, is answered as usual.
 Termination (:class:`Termination`, pure): a rank whose static tasks are done (its
 spawned calls are joined by then) keeps stealing and answering. Point to point, through
 rank 0, in two rounds: DONE from every rank -> FINISH to every rank (no rank has work:
-stop asking), then DRAINED (this rank's last request is answered) -> CLOSE (no request
-is in flight anywhere). No collective: a run that fails half-way leaves no rank in a
-barrier the others never enter.
+stop asking), then DRAINED (this rank's last request is answered, and it runs no spawned
+call: one that a failed call let go, after its rank's DONE, still runs, and its result
+is due) -> CLOSE (no request or result is in flight anywhere). No collective: a run
+that fails half-way leaves no rank in a barrier the others never enter.
 
 The decisions (victim, back-off, termination) are pure and unit-tested
 (tests/test_steal.py); :class:`Stealer` carries them out over the run's network.
@@ -93,6 +94,7 @@ def pack(call: tuple, by_name: bool = True) -> bytes:
 
 
 HEAD = struct.Struct("<qqd")  # a call's (key, depth, sent) ahead of its pickle
+KEY = struct.Struct("<q")  # a result's key ahead of its pickle: named if it cannot be loaded
 
 
 _IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None)})
@@ -393,7 +395,7 @@ class Stealer:
             self._take(bytes(buf), src, None)
             return True
         elif kind == RESULT:
-            self._deliver(bytes(buf))
+            self._deliver(bytes(buf), src)
             return True
         elif bytes(buf) == OFFER:
             self.backoff.succeeded()
@@ -631,12 +633,23 @@ class Stealer:
         net = self.net
         error = f"{type(exc).__name__}: {exc} (unpickling the call on rank {net.rank})"
         failure = ("", net.rank, net.size, net.host, error, traceback.format_exc())
-        self._send(victim, RESULT, pack((key, failure, None)))
+        self._send(victim, RESULT, KEY.pack(key) + pack((failure, None)))
 
-    def _deliver(self, payload: bytes) -> None:
-        """The result of a call another rank stole came back."""
-        key, failure, value = _unpack(payload)
+    def _deliver(self, payload: bytes, src: int) -> None:
+        """The result of a call that rank ``src`` stole came back: a value that cannot
+        be loaded here fails the call, named, as one that raised would."""
+        (key,) = KEY.unpack_from(payload)
         item = self.stolen.pop(key)
+        try:
+            failure, value = _unpack(memoryview(payload)[KEY.size :])
+        except Exception as exc:  # noqa: BLE001 - its waiter hears why
+            net = self.net
+            error = (
+                f"{type(exc).__name__}: {exc} (unpickling its value, from rank {src}, on "
+                f"rank {net.rank})"
+            )
+            failure = (item.label(), net.rank, net.size, net.host, error, traceback.format_exc())
+            value = None
         if failure is not None and not failure[0]:  # (see _refuse)
             failure = (item.label(), *failure[1:])
         if item.slot >= 0:  # (taken from the board, and not collected yet)
@@ -644,7 +657,7 @@ class Stealer:
                 self.collect()
         if item.remote is not None:  # stolen here, and on from here: back where it began
             victim, first = item.remote
-            self._send(victim, RESULT, pack((first, failure, value)))
+            self._send(victim, RESULT, KEY.pack(first) + pack((failure, value)))
         self.ex.settle(item, value, None, failure)
 
     def _offer(self) -> None:
@@ -693,12 +706,12 @@ class Stealer:
         """A stolen call ended here: queue its result for its rank. Lock not held."""
         victim, key = item.remote
         try:
-            payload = pack((key, failure, value))
+            payload = KEY.pack(key) + pack((failure, value))
         except Exception as exc:  # noqa: BLE001 - the parent hears why
             net = self.net
             error = f"{type(exc).__name__}: its value cannot be pickled: {exc}"
             failure = (item.label(), net.rank, net.size, net.host, error, "")
-            payload = pack((key, failure, None))
+            payload = KEY.pack(key) + pack((failure, None))
         with self.ex.lock:
             self.outbox.append((victim, RESULT, payload))
         self.ex.wake.set()
@@ -755,10 +768,11 @@ class Stealer:
         sleep = commlib.next_sleep(sleep, waited, cap)
         return min(sleep, GIVE_SLEEP) if giving else sleep
 
-    def step(self, depth: int | None, static_done: bool) -> bool:
+    def step(self, depth: int | None, static_done: bool, quiet: bool) -> bool:
         """Post what is queued, test the sends, move termination on, and ask a victim
         for a call deeper than ``depth`` (None: this rank is not idle); ``static_done``:
-        this rank's static tasks are done. Token held; True when the run may end here."""
+        this rank's static tasks are done; ``quiet``: they are, and no spawned call is
+        in its pool or running here. Token held; True when the run may end here."""
         ex = self.ex
         if self.outbox:
             with ex.lock:
@@ -772,7 +786,9 @@ class Stealer:
         term = self.term
         if static_done and not term.static_done:
             self._send_term(term.on_static_done())
-        if term.finished and self.outstanding is None:
+        if term.finished and self.outstanding is None and quiet:
+            # (not at FINISH alone: calls that a failed call let go after this rank's
+            # DONE still run, here or on a thief, and their results are due)
             self._send_term(term.on_drained())
         self._collect_changed()  # (before offering: a rank that took from the board is fed)
         if self.hungry and ex.spool:  # (a hint, without the lock)
