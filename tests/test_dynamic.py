@@ -284,6 +284,30 @@ def test_a_recursion_deeper_than_one_stack_holds_fails_clearly_and_at_once():
         run_in_process(g, 1)
 
 
+@tg.task
+def waits_for_a_sibling() -> int:
+    holder = []
+    fb = tg.spawn(nap_value, 0.05, 2)
+    holder.append(fb)
+    fa = tg.spawn(lambda: holder[0].result() + 1)  # (the future by reference: same depth)
+    return fa.result() + fb.result()
+
+
+def nap_value(seconds: float, value: int) -> int:
+    time.sleep(seconds)
+    return value
+
+
+def test_a_call_waiting_for_its_siblings_future_runs_it_on_one_worker():
+    """The waiter runs only deeper calls, and the sibling is as deep: on one worker the
+    run waited for ever (a review); the call it waits for, in the pool, it now runs."""
+    with tg.Graph("sibling") as g:
+        t = waits_for_a_sibling()
+    run = tg.current_cluster().run(g, workers=1)
+    run.wait(20)
+    assert t.result() == 5
+
+
 def fails_deep(depth: int) -> int:
     """A recursion ``depth`` spawns deep whose bottom raises."""
     if depth == 0:

@@ -13,7 +13,9 @@ worker thread of an :class:`~taskgraph.run.executor.Executor` sets when it start
              wait on ``spawn_cv``
 
 - **Helping, bounded.** A waiting worker runs only work deeper than the task it waits
-  in, so the frames nested on its stack never outnumber the depth of the recursion.
+  in, so the frames nested on its stack never outnumber the depth of the recursion;
+  and the call it waits for, if that is in the pool however deep (a sibling's future
+  reached through a closure: else a rank of one worker would wait for ever).
   Every :func:`nest_segment` nested waits (~66) the next goes on on a new thread's
   stack while this one blocks (one thread works for the worker at a time; the
   interpreter's recursion limit counts a thread's frames): NEST_LIMIT deep in all.
@@ -654,6 +656,17 @@ def past(timeout: float | None) -> Callable[[], bool] | None:
     return lambda: time.monotonic() >= deadline
 
 
+def take_out(pool: deque, fut: SpawnFuture) -> SpawnFuture | None:
+    """``fut`` taken out of ``pool`` (None if it is not there): a waiter runs the call it
+    waits for, however deep, as a fork-join pool's join does (a sibling's future,
+    reached through a closure, waited for on a rank of one worker never ran)."""
+    try:
+        pool.remove(fut)
+    except ValueError:
+        return None
+    return fut
+
+
 def take_deeper(pool: deque, depth: int) -> SpawnFuture | None:
     """The newest spawned call in ``pool`` deeper than ``depth``, taken out (None if
     none): what a worker waiting in a task of that depth may run on its stack."""
@@ -887,6 +900,8 @@ class SpawnRunner:
                         self.spawn_cv.wait(0.1)
                         continue
                     item = take_deeper(pool, depth)
+                    if item is None and fut.state == PENDING and fut.owner is self:
+                        item = take_out(pool, fut)  # (a call no deeper, reached by reference)
                     if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
                         continue  # (a thief took it from the board: its result comes back)
                     if item is None and self.sched.ready:
