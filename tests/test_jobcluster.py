@@ -247,3 +247,33 @@ def test_two_runs_of_one_graph_keep_their_own_values_in_process():
     assert (first.result(parts[1]), first.result(s)) == (5.0, 9.0)
     assert (second.result(parts[1]), second.result(s)) == (9.0, 17.0)
     assert s.result() == 17.0 and g.last_run is second
+
+
+def test_a_rank_whose_script_ends_during_a_run_waits_for_it_and_the_job_ends(mpirun, tmp_path):
+    """rank 1 leaves ``wait()`` to rank 0, and rank 0 never closes its open run: the
+    job hung in MPI_Finalize with no word (a trial, 5 of 5). Each rank now waits for
+    its runs at the script's end, and says so."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        PRELUDE
+        + textwrap.dedent(
+            """
+            c = tg.Cluster()
+            with tg.Graph("slow") as g:
+                a = total(*[nap(i, 0.2) for i in range(6)])
+            run = c.run(g)
+            ens = c.run(open=True)
+            if c.rank == 0:
+                run.wait()
+                say("total", run.result(a), [f.result() for f in [ens.submit(abs, -3)]])
+            say("ends")
+            """
+        )
+    )
+    proc = mpirun(2, [str(script)], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert said(proc.stdout, 0, "total") == ["15 [3]"], proc.stdout
+    assert said(proc.stdout, 1, "ends") == [""], proc.stdout
+    for rank in (0, 1):  # (rank 1's part of 'slow' may have ended by then)
+        note = f"rank {rank}/2: the script ended while run 'ensemble' was running: waiting"
+        assert note in proc.stderr, proc.stderr

@@ -623,3 +623,34 @@ def runs_in_flight() -> list[Run]:
     """The runs of this process that have not ended, in the order they were made."""
     with _flight_lock:
         return list(_in_flight)
+
+
+def finish_runs_at_exit() -> None:
+    """The script ends on this rank while runs are going (``run.wait()`` was left to
+    rank 0 only, or forgotten): each is closed and waited for, its error said, before
+    MPI_Finalize. Those runs need this rank: the job hung there with no word (a trial,
+    5 of 5)."""
+    if "ipyparallel.engine" in sys.modules:  # (an engine's runs are its client's)
+        return
+    for run in runs_in_flight():
+        rank = f"rank {run.world.rank}/{run.world.size}"
+        print(
+            f"taskgraph: {rank}: the script ended while run {run.graph.name!r} was "
+            f"{run.state()}: waiting for it here, as every rank takes part in it (call "
+            "run.wait() on every rank)",
+            file=sys.stderr,
+            flush=True,
+        )
+        run.close()
+        try:
+            run.join()
+        except KeyboardInterrupt:  # (a second Ctrl-C: stop it, as wait() does)
+            run.cancel("interrupted (KeyboardInterrupt) at the script's end")
+            run.join(10.0)
+        if run._error is not None:
+            name, error = run.graph.name, run._error
+            print(f"taskgraph: {rank}: run {name!r} failed: {error}", file=sys.stderr)
+
+
+# before MPI_Finalize (an atexit function): the ranks' runs must end first
+threading._register_atexit(finish_runs_at_exit)  # type: ignore[attr-defined]
