@@ -170,7 +170,7 @@ def test_the_interrupt_hits_only_the_call_that_ran_past_its_time_on_a_shared_sta
     # an untimed call waits: its timed child, run on its stack, is interrupted alone
     assert run.submit(untimed_parent).result() == "caught AttemptTimeout"
     run.wait(30)
-    assert run.stats.spawned == 4 and run.summary().succeeded >= 3
+    assert run.stats.spawned == 4 and run.summary().succeeded == 2  # (not the start task)
 
 
 @tg.task(cores=2)
@@ -315,9 +315,10 @@ def test_an_adaptive_ensemble_of_shell_and_python_calls_in_a_2_rank_batch_job(mp
         in out
     )
     # retries: 3 shell calls and 4 squares failing once, stuck(2) and broken(1) once each;
-    # succeeded: 20 + 10 + 30 calls, with_shell and its shell call, the run's start task
+    # succeeded: 20 + 10 + 30 calls, with_shell and its shell call (the run's start task,
+    # which is not the user's, not counted: it was, 63)
     for r in (0, 1):
         assert (
-            f"rank {r}: summary run 'ensemble': 63 succeeded, 2 failed, 0 skipped, 9 retries"
+            f"rank {r}: summary run 'ensemble': 62 succeeded, 2 failed, 0 skipped, 9 retries"
             in (out)
         ), out

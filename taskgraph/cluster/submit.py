@@ -59,6 +59,7 @@ def ensemble_graph(name: str = "ensemble") -> Graph:
     ``@tg.task`` call, since only a graph with plain functions steals spawned work."""
     with Graph(name) as g:
         ensemble_start()
+    g.internal = True  # (its one task is not the user's: the summary does not count it)
     return g
 
 

@@ -814,7 +814,8 @@ def conclude(ex: Any, parts: list[dict] | None, ended_well: bool) -> None:
 def wire(ex: Any) -> dict:
     """This rank's tally as plain data, with the run's own failure if it is this rank's."""
     tally = getattr(ex, "tally", None) or Tally()
-    out = tally.to_wire(ex.sched.done)
+    internal = getattr(ex.graph, "internal", False)  # (a run of submitted calls' start)
+    out = tally.to_wire(0 if internal else ex.sched.done)
     f = ex.failure
     if f is not None and f.origin and f.task is not None:
         if not any(label == f.task for label, _, _ in out["failed"]):
