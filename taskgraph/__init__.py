@@ -13,7 +13,7 @@ tg.Cluster().run(g).wait()
 
 from . import teach
 from .cluster import Cluster, JobCluster, Run, compile_kernels, current_cluster
-from .cluster.submit import EngineFuture, as_completed
+from .cluster.submit import EngineFuture, as_completed, wait
 from .core.errors import (
     ExecutableError,
     GraphError,
@@ -33,7 +33,7 @@ from .dsl.tasks import Future, TaskRef
 from .dsl.tiled import Tile, TiledMatrix, TiledVector
 from .plan.planner import Plan, RankPlan, make_plan
 from .run.attempts import TaskSkipped
-from .run.dynamic import SpawnedTaskError, SpawnFuture, spawn, wait
+from .run.dynamic import SpawnedTaskError, SpawnFuture, spawn
 from .trace.events import Trace, TraceError
 
 __version__ = "0.1.0"

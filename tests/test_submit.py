@@ -226,13 +226,23 @@ def test_an_engine_sends_a_closure_by_value_and_names_the_call_it_cannot_send():
     assert "cannot pickle '_thread.lock' object" in str(error)
 
 
+def test_wait_names_what_is_not_a_list_of_futures():
+    for bad, said in (
+        (5, "takes a list of futures, not int"),
+        ([1, 2], "item 0 is int 1, not a future"),
+        (tg.EngineFuture(None, "k", 0, "f(1)", None), "not one EngineFuture: call its"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(said)):
+            tg.wait(bad)
+
+
 def test_as_completed_yields_in_finishing_order_and_times_out():
     c = tg.Cluster()
     run = c.run(open=True)
     slow, fast = run.submit(time.sleep, 0.5), run.submit(abs, -3)
     assert list(tg.as_completed([slow, fast], timeout=10)) == [fast, slow]
     stuck = run.submit(time.sleep, 1.5)
-    with pytest.raises(TimeoutError, match="1 of the futures have not ended after 0.1 s"):
+    with pytest.raises(TimeoutError, match="1 of the futures has not ended after 0.1 s"):
         list(tg.as_completed([fast, stuck], timeout=0.1))
     run.wait(10)
     with pytest.raises(tg.RunError, match="has ended"):
@@ -288,8 +298,12 @@ def test_an_adaptive_ensemble_submits_from_the_notebook_to_engines(engines):
     assert 'raise ValueError(f"deliberate {x}")' in info.value.traceback
     assert isinstance(failing.exception(), ValueError)  # (its own class, in the notebook too)
     assert run.submit(_square, 5).result(timeout=30) == 25 and run.state() == "running"
+    # tg.wait takes the notebook's futures too (an AttributeError before: a trial)
+    assert tg.wait([run.submit(_square, i) for i in range(4)], timeout=30) == [0, 1, 4, 9]
+    with pytest.raises(tg.TaskError, match=r"_bad\(8\) on rank"):
+        tg.wait([run.submit(_square, 2), run.submit(_bad, 8)], timeout=30)
     run.wait(30)
-    assert run.stats.spawned == 26
+    assert run.stats.spawned == 32
     with pytest.raises(tg.RunError, match="has ended"):
         run.submit(_square, 1)
 

@@ -40,6 +40,7 @@ from typing import Any
 from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError, TaskgraphError
 from ..dsl.graph import Graph, task
 from ..dsl.options import RunOptions
+from ..run import dynamic
 from ..run.attempts import Skipped
 from ..run.context import TaskAbandoned
 from ..run.dynamic import FAILED, SpawnFuture
@@ -78,6 +79,34 @@ def run_request(graph: Graph | None, open: bool, **options: Any) -> tuple[Graph,
 
 def _done(fut: Any) -> bool:
     return bool(fut.done())
+
+
+def wait(futures: Iterable[Any], timeout: float | None = None) -> list:
+    """The values of ``futures``, in their order, once all have ended; raises a failed
+    one's error as soon as one has failed; TimeoutError after ``timeout`` seconds (they
+    go on). Spawned calls (``tg.spawn``, ``run.submit`` in a batch job): see
+    :func:`taskgraph.run.dynamic.wait`, which a task uses to help meanwhile; a
+    notebook's ``run.submit`` futures (EngineFutures) too, mixed as you like. TypeError,
+    naming it, for one future alone or an item that is no future."""
+    if hasattr(futures, "result"):
+        raise TypeError(
+            f"tg.wait takes a list of futures, not one {type(futures).__name__}: call its "
+            ".result(), or tg.wait([fut])"
+        )
+    if not hasattr(futures, "__iter__"):
+        raise TypeError(f"tg.wait takes a list of futures, not {type(futures).__name__}")
+    futures = list(futures)
+    for i, f in enumerate(futures):
+        if not (callable(getattr(f, "result", None)) and callable(getattr(f, "done", None))):
+            raise TypeError(
+                f"tg.wait: item {i} is {type(f).__name__} {f!r:.60}, not a future (tg.spawn "
+                "and run.submit give futures)"
+            )
+    if all(f.__class__ is SpawnFuture for f in futures):
+        return dynamic.wait(futures, timeout)
+    for f in as_completed(futures, timeout):  # (raises at the first that failed)
+        f.result()
+    return [f.result() for f in futures]
 
 
 def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
@@ -129,9 +158,10 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
                 continue
             if deadline is not None and time.monotonic() >= deadline:
                 first = next(iter(spawned.values()), None) or others[0]
+                left = len(spawned) + len(others)
                 raise TimeoutError(
-                    f"{len(spawned) + len(others)} of the futures have not ended after "
-                    f"{timeout} s (the first: {first!r})"
+                    f"{left} of the futures {'has' if left == 1 else 'have'} not ended "
+                    f"after {timeout} s (the first: {first!r})"
                 )
             pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
             helping = None
