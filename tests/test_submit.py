@@ -356,6 +356,8 @@ def test_closures_come_back_from_the_engines_and_an_unsendable_value_names_its_c
     only ("Can't pickle local object"), where a stolen call's value went by value; the
     error of an outcome that cannot be sent at all named the call's key (s00000000)."""
     run = engines.run(open=True)
+    with pytest.raises(TypeError, match=r"run\.submit: _square\(.*\) cannot be sent to the en"):
+        run.submit(_square, threading.Lock())  # (a bare "cannot pickle" before: a trial)
     futs = [run.submit(_adder, 5), run.submit(_adders, 6), run.submit(_lock, 7)]
     assert futs[0].result(timeout=30)(10) == 15
     assert futs[1].result(timeout=30)["add"][0](10) == 16

@@ -198,10 +198,15 @@ class EngineRun(RunHandle):
             )
         refuse_async(fn, "run.submit:")
         check_values(fn, args, kwargs, "run.submit")
+        label = call_label(fn, args, kwargs)
+        try:
+            blob = pickling.dumps((f"s{self._submitted:08d}", fn, args, kwargs))
+        except Exception as exc:  # (it names the call, as a batch rank does)
+            raise TypeError(f"run.submit: {label} cannot be sent to the engines: {exc}") from exc
         n, self._submitted = self._submitted, self._submitted + 1
         key, rank = f"s{n:08d}", n % self.cluster.size
-        batch = self._outbox.put(rank, pickling.dumps((key, fn, args, kwargs)))
-        return EngineFuture(self, key, rank, call_label(fn, args, kwargs), batch)
+        batch = self._outbox.put(rank, blob)
+        return EngineFuture(self, key, rank, label, batch)
 
     def _send_calls(self, rank: int, calls: list[bytes]):
         """The request that takes ``calls`` to the engine of ``rank`` (see Outbox)."""
@@ -420,7 +425,7 @@ class EngineRun(RunHandle):
             return
         self._cancelled = reason or "cancelled by the user"
         # (after the request that starts the run: each engine takes requests in order)
-        self.cluster.view.apply_async(engine_side.cancel_run, self.id)
+        self.cluster.view.apply_async(engine_side.cancel_run, self.id, self._cancelled)
 
     def _fetch(self, tid: int):
         """The value of task ``tid`` from the engine of the rank that holds it."""
