@@ -223,6 +223,23 @@ def test_a_queued_run_cancelled_never_runs(cluster):
     assert np.all(B1.gather() == 10.0)
 
 
+def test_a_run_queued_behind_a_cancelled_one_is_not_run_on_its_half_written_data(cluster):
+    g1, B1 = naps(cluster, 10)
+    with tg.Graph("naps") as g2:
+        for i in range(cluster.size):
+            nap(B1[i, 0].rw)
+    first = cluster.run(g1)
+    second = cluster.run(g2)
+    time.sleep(0.3)
+    first.cancel("stop the first")
+    with pytest.raises(tg.RunError, match="stop the first"):
+        first.wait(60)
+    with pytest.raises(tg.RunError, match=r"not run: it was queued behind run .* which failed"):
+        second.wait(60)
+    g3, _ = naps(cluster, 1)
+    assert cluster.run(g3).wait(60).state() == "done"
+
+
 def test_double_cancel_is_one_run_error_and_the_run_stops(cluster):
     """Two SIGINTs on each engine (two cancels, or two Ctrl-C) during a run."""
     for _ in range(3):
@@ -233,8 +250,8 @@ def test_double_cancel_is_one_run_error_and_the_run_stops(cluster):
         run.cancel()
         run.cancel()
         cluster.client.send_signal(signal.SIGINT, targets=cluster.engine_ids)  # (a 2nd SIGINT)
-        with pytest.raises(tg.RunError, match="interrupted"):
-            run.wait(timeout=30)
+        with pytest.raises(tg.RunError, match="cancelled by the user|interrupted"):
+            run.wait(timeout=30)  # (the cancel's reason, which the engines are told)
         assert time.monotonic() - t0 < 10
     g2, B2 = naps(cluster, 1)
     cluster.run(g2).wait(60)

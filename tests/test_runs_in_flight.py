@@ -17,7 +17,7 @@ from test_jobcluster import PRELUDE, said
 
 import taskgraph as tg
 from taskgraph.cluster.jobrun import blas_limit
-from taskgraph.cluster.overlap import footprint, must_wait
+from taskgraph.cluster.overlap import footprint, left_stale, must_wait
 
 FLAGS = """
 import os
@@ -163,6 +163,42 @@ def test_a_run_that_writes_what_a_running_run_uses_is_queued_behind_it(mpirun, t
         assert said(out, rank, "x") == ["[11.0, 11.0, 11.0] done"], out
 
 
+def test_a_run_queued_behind_one_that_fails_is_not_run_on_its_data(mpirun, tmp_path):
+    """The run it waited for wrote x half-way and failed: the queued run read it with no
+    word (a trial); it now fails on every rank, naming the run and the data."""
+    out = run_job(
+        mpirun,
+        tmp_path,
+        2,
+        """
+        c = tg.Cluster()
+        x = tg.Data(np.zeros(3), name="x")
+        with tg.Graph("writes x") as g1:
+            add_into(tg.rw(x), broken(after(F + "go", 1)))
+        with tg.Graph("reads x") as g2:
+            add_into(tg.rw(x), 10)
+        r1, r2 = c.run(g1), c.run(g2)
+        released(F + "go")
+        for r in (r1, r2):
+            try:
+                r.wait(60)
+                say(r.graph.name, "ended well")
+            except tg.TaskgraphError as exc:
+                say(r.graph.name, type(exc).__name__, " ".join(str(exc).split()))
+        say("next", c.run(g2).wait(60).state())
+        """,
+    )
+    for rank in (0, 1):
+        [first] = said(out, rank, "writes x")
+        assert first.startswith("TaskError") and "deliberate failure" in first, out
+        assert said(out, rank, "reads x") == [
+            "RunError run 'reads x' not run: it was queued behind run 'writes x', which "
+            "failed (TaskError) and writes data it uses (x); run it again once that data "
+            "is right"
+        ], out
+        assert said(out, rank, "next") == ["done"], out
+
+
 # -- pure decisions, no MPI -------------------------------------------------------------
 
 
@@ -192,6 +228,7 @@ def test_runs_overlap_only_through_data_one_of_them_writes():
     assert must_wait(fx, rx) and must_wait(rx, fx)
     assert not must_wait(rx, rx2), "two readers run at once"
     assert not must_wait(fx, fy) and not must_wait(fy, fx)
+    assert left_stale(fx, rx) and not left_stale(rx, fx), "only what the failed run writes"
 
 
 def test_the_blas_limit_holds_until_the_last_run_in_flight_ends():

@@ -408,6 +408,8 @@ class EngineRun(RunHandle):
         if errors:
             err = errors[0]
             if self._cancelled is not None and isinstance(err, RunError):
+                if self._cancelled in str(err):  # (the engines were told the reason)
+                    raise err
                 raise RunError(f"{err} ({self._cancelled})") from err
             cause = RemoteTraceback(err.traceback) if isinstance(err, TaskError) else None
             raise err from cause

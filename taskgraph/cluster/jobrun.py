@@ -58,7 +58,7 @@ from ..run.dynamic import SpawnFuture, check_values
 from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
 from .handle import RunHandle
-from .overlap import footprint, must_wait
+from .overlap import data_names, footprint, left_stale, must_wait
 
 if TYPE_CHECKING:
     from .job import JobCluster
@@ -287,10 +287,10 @@ class Run(RunHandle):
     def _main(self) -> None:
         for earlier in self._waits_for:
             earlier.join()  # it writes what this run uses (or the other way round)
-        self._waits_for = []
+        waited, self._waits_for = self._waits_for, []
         self._begun.set()
         try:
-            self._execute()
+            self._execute(waited)
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait()
             self._error = exc
         finally:
@@ -301,8 +301,9 @@ class Run(RunHandle):
             self._started.set()
             self._finished.set()
 
-    def _execute(self) -> None:
+    def _execute(self, waited: list[Run]) -> None:
         self._comms.ready()
+        self._check_not_stale(waited)
         self.compile_seconds = compile_kernels(self.graph)
         # (scipy's BLAS is loaded already, by JobCluster: the limit covers only the
         # libraries loaded when it is set)
@@ -331,6 +332,20 @@ class Run(RunHandle):
                 self._stats = ex.stats
                 self._claim_values(ex)
             self._share_data()
+
+    def _check_not_stale(self, waited: list[Run]) -> None:
+        """RunError (on every rank: a run fails on all) if a run this one was queued
+        behind failed, and writes data this one uses: it would read half-written or old
+        values with no word (a trial)."""
+        for earlier in waited:
+            stale = left_stale(earlier.footprint, self.footprint)
+            if earlier._error is not None and stale:
+                what = ", ".join(data_names(self.graph, stale))
+                raise RunError(
+                    f"run {self.graph.name!r} not run: it was queued behind run "
+                    f"{earlier.graph.name!r}, which failed ({type(earlier._error).__name__}) "
+                    f"and writes data it uses ({what}); run it again once that data is right"
+                )
 
     def _check_not_cancelled(self, net) -> None:
         """RunError on every rank, before any task runs, if the run was cancelled on any

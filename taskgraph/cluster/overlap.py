@@ -47,4 +47,20 @@ def must_wait(earlier: Footprint, later: Footprint) -> bool:
     return bool(earlier.written & later.touched or later.written & earlier.touched)
 
 
-__all__ = ["Footprint", "footprint", "must_wait"]
+def left_stale(earlier: Footprint, later: Footprint) -> frozenset:
+    """What a run of ``later`` touches that a run of ``earlier``, which it waited for
+    and which failed, writes: its values are the failed run's half-way ones, or older."""
+    return earlier.written & later.touched
+
+
+def data_names(graph: Graph, keys: frozenset) -> list[str]:
+    """The names of ``graph``'s data under ``keys`` (see :class:`Footprint`)."""
+    names = set()
+    for d in graph.data:
+        if _key(d) in keys:
+            name = d.item.name if d.item is not None else getattr(d.tile.matrix, "name", None)
+            names.add(str(name or "a matrix"))
+    return sorted(names)
+
+
+__all__ = ["Footprint", "data_names", "footprint", "left_stale", "must_wait"]
