@@ -298,6 +298,37 @@ def nap_value(seconds: float, value: int) -> int:
     return value
 
 
+@tg.task
+def times_out(how: str) -> str:
+    futs = [tg.spawn(nap_value, 1.0, i) for i in range(2)]
+    t0 = time.monotonic()
+    try:
+        if how == "result":
+            futs[0].result(timeout=0.2)
+        elif how == "wait":
+            tg.wait(futs, timeout=0.2)
+        else:
+            list(tg.as_completed(futs, timeout=0.2))
+        return f"no timeout after {time.monotonic() - t0:.2f} s"
+    except TimeoutError:
+        return f"TimeoutError after {time.monotonic() - t0:.2f} s"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("how", ["result", "wait", "as_completed"])
+def test_a_wait_with_a_timeout_in_a_task_ends_at_its_time(how, workers):
+    """The waiter ran the 1 s calls it waited for on its own stack and saw its 0.2 s
+    timeout only after them (a trial: 2 s for result(timeout=0.2)); the calls now run on
+    a thread of their own and the wait ends at its time. The calls go on: the run ends
+    after them, with their values."""
+    with tg.Graph("timed") as g:
+        t = times_out(how)
+    run_in_process(g, workers)
+    said = t.result()
+    assert said.startswith("TimeoutError after 0."), said
+    assert float(said.split()[2]) < 0.5, said
+
+
 def test_a_call_waiting_for_its_siblings_future_runs_it_on_one_worker():
     """The waiter runs only deeper calls, and the sibling is as deep: on one worker the
     run waited for ever (a review); the call it waits for, in the pool, it now runs."""

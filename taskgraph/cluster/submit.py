@@ -170,7 +170,8 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
             if mine is not None and helping is not None:  # (a task of that run: it helps)
                 try:
                     seconds = pause if deadline is not None else POLL_MAX
-                    mine.wait_any(helping, seconds, list(spawned.values()))
+                    timed = deadline is not None  # (its calls go on their own threads)
+                    mine.wait_any(helping, seconds, list(spawned.values()), timed)
                 except RunError:
                     pass  # (the run stopped: its futures are done now, each yielded)
             else:

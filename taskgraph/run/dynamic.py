@@ -15,7 +15,9 @@ worker thread of an :class:`~taskgraph.run.executor.Executor` sets when it start
 - **Helping, bounded.** A waiting worker runs only work deeper than the task it waits
   in, so the frames nested on its stack never outnumber the depth of the recursion;
   and the call it waits for, if that is in the pool however deep (a sibling's future
-  reached through a closure: else a rank of one worker would wait for ever).
+  reached through a closure: else a rank of one worker would wait for ever). A wait
+  with a timeout runs them on a thread of their own instead, one at a time, and ends
+  at its time (:class:`Until`).
   Every :func:`nest_segment` nested waits (~66) the next goes on on a new thread's
   stack while this one blocks (one thread works for the worker at a time; the
   interpreter's recursion limit counts a thread's frames): NEST_LIMIT deep in all.
@@ -391,9 +393,9 @@ class SpawnFuture(Frame):
         """The call's value, once it ended. Inside a task, the worker runs other
         spawned work meanwhile; raises :class:`SpawnedTaskError` if the call
         raised, RunError if the run stops first, and TimeoutError if it has not
-        ended after ``timeout`` seconds (the call goes on). The time is looked at
-        between the calls the worker runs meanwhile: one it runs, this call too, is
-        not cut short, so with one worker a wait may outlast its timeout by a call."""
+        ended after ``timeout`` seconds (the call goes on). A wait with a timeout runs
+        the calls it helps with (this one too) on a thread of their own, one at a
+        time, so that it ends at its time."""
         if self.state < DONE:
             self.owner.wait_for(self, past(timeout))
             if self.state < DONE:
@@ -631,9 +633,8 @@ def wait(futures: Iterable[SpawnFuture], timeout: float | None = None) -> list:
                         f"{left} of {len(futures)} spawned calls have not ended after "
                         f"{timeout} s (the first: {f.label()})"
                     )
-                owner.wait_for(
-                    f, lambda o=owner, n=failed: o.calls_failed != n or (late and late()), futures
-                )
+                ended = lambda o=owner, n=failed: o.calls_failed != n  # noqa: E731
+                owner.wait_for(f, ended if late is None else Until(late.at, ended), futures)
             values.append(f.result())
     except TaskError:  # (SpawnedTaskError, or a skipped call's TaskSkipped; not RunError)
         for g in futures:  # (the parent's join raises none of theirs: see join)
@@ -648,12 +649,25 @@ def unwind_now(frame: Frame) -> Unwind:
     return Unwind(f"{frame.label()} unwinds")
 
 
-def past(timeout: float | None) -> Callable[[], bool] | None:
+class Until:
+    """The end of a timed wait: true once ``cond()`` is (None: never) or the monotonic
+    clock reaches ``at``. A wait that has one runs no call on its own stack: see
+    :meth:`SpawnRunner._hand_over`."""
+
+    __slots__ = ("at", "cond")
+
+    def __init__(self, at: float, cond: Callable[[], bool] | None = None):
+        self.at, self.cond = at, cond
+
+    def __call__(self) -> bool:
+        return (self.cond is not None and self.cond()) or time.monotonic() >= self.at
+
+
+def past(timeout: float | None) -> Until | None:
     """Whether ``timeout`` seconds from now have passed (None: no limit)."""
     if timeout is None:
         return None
-    deadline = time.monotonic() + timeout
-    return lambda: time.monotonic() >= deadline
+    return Until(time.monotonic() + timeout)
 
 
 def take_out(pool: deque, fut: SpawnFuture) -> SpawnFuture | None:
@@ -812,19 +826,24 @@ class SpawnRunner:
         return ctx is not None and ctx[0] is self
 
     def wait_any(
-        self: Any, fut: SpawnFuture, seconds: float, awaits: Sequence[SpawnFuture] | None = None
+        self: Any,
+        fut: SpawnFuture,
+        seconds: float,
+        awaits: Sequence[SpawnFuture] | None = None,
+        timed: bool = False,
     ) -> None:
         """Until ``fut`` or any other spawned call of this rank ends, or ``seconds``
         pass: :func:`~taskgraph.cluster.submit.as_completed` in a task helps as
-        ``result()`` does (it slept, and a rank of one worker never ran the calls)."""
+        ``result()`` does (it slept, and a rank of one worker never ran the calls);
+        ``timed``: the seconds are the caller's timeout (see :class:`Until`)."""
         with self.lock:
             seen = self.calls_ended
-        deadline = time.perf_counter() + seconds
-        self.wait_for(
-            fut,
-            lambda: self.calls_ended != seen or time.perf_counter() >= deadline,
-            awaits,
-        )
+        if timed:
+            until: Any = Until(time.monotonic() + seconds, lambda: self.calls_ended != seen)
+        else:
+            deadline = time.perf_counter() + seconds
+            until = lambda: self.calls_ended != seen or time.perf_counter() >= deadline  # noqa: E731
+        self.wait_for(fut, until, awaits)
 
     def _wait_released(
         self: Any, fut: SpawnFuture, frames: list, depth: int, need: Any, until: Any, awaits
@@ -884,6 +903,8 @@ class SpawnRunner:
             top.awaits = (fut,) if awaits is None else awaits
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
+        timed = until.__class__ is Until  # (its calls run on a thread of their own)
+        handed: list = []  # [True] while that thread runs one (see _hand_over)
         try:  # (one Python frame a wait: 150 nested waits must fit the interpreter's stack)
             with lock:
                 while True:
@@ -899,12 +920,19 @@ class SpawnRunner:
                     if frames is None:  # not a worker of this run (the notebook's thread)
                         self.spawn_cv.wait(0.1)
                         continue
+                    if handed and handed[0]:  # (one call at a time: until it ends, or this)
+                        self.spawn_waiting += 1
+                        try:
+                            self.spawn_cv.wait(min(0.05, max(0.0, until.at - time.monotonic())))
+                        finally:
+                            self.spawn_waiting -= 1
+                        continue
                     item = take_deeper(pool, depth)
                     if item is None and fut.state == PENDING and fut.owner is self:
                         item = take_out(pool, fut)  # (a call no deeper, reached by reference)
                     if item is not None and item.slot >= 0 and not self.steal.unpublish(item):
                         continue  # (a thief took it from the board: its result comes back)
-                    if item is None and self.sched.ready:
+                    if item is None and self.sched.ready and not timed:
                         worker = _tls.ctx[1]
                         if self.may_nest_static(worker, frames):
                             rung = False
@@ -920,18 +948,54 @@ class SpawnRunner:
                             rung = self.spawn_waiting + self.waiting >= self.nworkers
                             if rung:
                                 self.wake.set()
+                        left = until.at - time.monotonic() if timed else 0.1
                         try:  # (a timeout's interrupt may land in the wait)
-                            self.spawn_cv.wait(0.1)  # (a stop notifies too: this is a backstop)
+                            self.spawn_cv.wait(min(0.1, max(0.0, left)))  # (a stop notifies)
                         finally:
                             self.wait_depths.remove(depth)
                             self.spawn_waiting -= 1
                         continue
                     item.state = RUNNING
                     rung = False
+                    if timed:
+                        handed = self._hand_over(item)
+                        continue
                     self._run_deeper(item, frames)
         finally:
             if top is not None:
                 top.awaits = ()  # (kept, it would tie the frame and its calls in a cycle)
+
+    def _hand_over(self: Any, item: SpawnFuture) -> list:
+        """Run ``item`` (taken, RUNNING), which a wait with a timeout would have run on
+        its stack, on a thread of its own, as this worker (its trace lane): the wait
+        ends at its time, not after the call (a 2 s call ran to its end inside a 0.2 s
+        ``result(timeout=)``: a trial), and the call goes on if it does. [True] until
+        the call ends. Lock held."""
+        ctx = _tls.ctx
+        own: list = []  # (its frame stack: a call deeper than the waiter's)
+        handed = [True]
+        self.spawned_running += 1
+        self._handed[id(own)] = own
+
+        def body() -> None:
+            context.enter((self, ctx[1], own))
+            try:
+                self.run_spawned(item, own)
+            except BaseException as exc:  # noqa: BLE001 - as an idle worker's call (below)
+                with self.lock:
+                    self._fail(None, exc)
+            finally:
+                with self.lock:
+                    self.spawned_running -= 1
+                    del self._handed[id(own)]
+                    handed[0] = False
+                    self.spawn_cv.notify_all()
+                self.wake.set()  # (the rank may be quiet now: see Stealer.step)
+                context.leave_worker()
+
+        name = f"taskgraph-worker {ctx[1]} (a timed wait's call)"
+        threading.Thread(target=body, name=name, daemon=True).start()
+        return handed
 
     def _run_deeper(self: Any, item: SpawnFuture, frames: list) -> None:
         """Run ``item`` on this waiting worker's stack. Lock held on entry and exit. A
@@ -1030,7 +1094,7 @@ class SpawnRunner:
         taskgraph.run.unwind). Lock held."""
         if not any(f is failed for f in waiter.awaits):
             return  # (it waits for other calls: it would see nothing sooner)
-        for stack in self._frames:
+        for stack in (*self._frames, *self._handed.values()):
             above = unwind.frames_to_unwind(list(stack), waiter, self._may_unwind)
             if above:
                 for frame in above:

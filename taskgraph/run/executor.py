@@ -185,6 +185,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.accepting = open
         self.submitted_left = 0
         self._frames: list[list] = [[] for _ in range(self.nworkers)]
+        self._handed: dict[int, list] = {}  # the frame stacks of timed waits' calls' threads
         self._nested_static = [0] * self.nworkers  # static tasks run inside a wait (workers)
         self.wake: threading.Event | doorbell.Doorbell = threading.Event()  # workers -> progress
         self.pollers = 0
