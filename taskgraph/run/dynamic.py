@@ -73,6 +73,9 @@ PENDING, RUNNING, DONE, FAILED = range(4)
 # spawned calls nested on one worker at most: deeper, the waiting call fails with a
 # clear error (each NEST_SEGMENT of them on a thread of their own: see _wait_nested)
 NEST_LIMIT = 5000
+# threads running calls that timed waits handed over, at most, on a rank (a chain of
+# timed waits would take one a level): past it, a timed wait runs them on its stack
+HANDED_LIMIT = 256
 
 
 def nest_segment() -> int:
@@ -957,10 +960,10 @@ class SpawnRunner:
                         continue
                     item.state = RUNNING
                     rung = False
-                    if timed:
+                    if timed and len(self._handed) < HANDED_LIMIT:
                         handed = self._hand_over(item)
                         continue
-                    self._run_deeper(item, frames)
+                    self._run_deeper(item, frames)  # (past the limit: late rather than stuck)
         finally:
             if top is not None:
                 top.awaits = ()  # (kept, it would tie the frame and its calls in a cycle)
