@@ -329,6 +329,120 @@ def test_a_wait_with_a_timeout_in_a_task_ends_at_its_time(how, workers):
     assert float(said.split()[2]) < 0.5, said
 
 
+def _waits_on(holder: list) -> int:
+    return holder[0].result() + 1
+
+
+def _boom_later() -> int:
+    time.sleep(0.2)
+    raise ValueError("child error nobody asked for")
+
+
+@tg.task
+def hands_over() -> int:
+    holder: list = []
+    c1 = tg.spawn(_waits_on, holder)  # (handed over, it waits untimed, nothing deeper)
+    c2 = tg.spawn(nap_value, 0.6, 10)
+    holder.append(c2)
+    for c in (c2, c1):
+        try:
+            c.result(timeout=0.1)
+        except TimeoutError:
+            pass
+    return c1.result() + c2.result()
+
+
+NAPPED_ON: list = []
+
+
+@tg.task
+def static_nap() -> str:
+    time.sleep(0.3)
+    NAPPED_ON.append(threading.current_thread().name)
+    return "napped"
+
+
+@tg.task
+def never_asks(x: int) -> str:
+    tg.spawn(_boom_later)  # (its implicit join must fail the task)
+    return "returned"
+
+
+def test_a_handed_over_call_never_runs_a_static_task_in_its_workers_place():
+    """A call a timed wait handed to a thread, waiting untimed with nothing deeper,
+    ran a ready static task as the worker and left the worker's frame stack pointing
+    at its own: a later task's implicit join was skipped, its child's error lost (a
+    review, 3 of 3), or the join ran on the wrong stack (IndexError)."""
+    NAPPED_ON.clear()
+    with tg.Graph("handed") as g:
+        x = hands_over()
+        static_nap()
+        never_asks(x)
+    with pytest.raises(tg.TaskError, match="child error nobody asked for"):
+        tg.current_cluster().run(g, workers=1).wait(30)
+    assert NAPPED_ON == ["taskgraph-worker-0"], NAPPED_ON  # (not a handed call's thread)
+
+
+def _counted(state: dict, lock, i: int) -> int:
+    with lock:
+        state["now"] += 1
+        state["most"] = max(state["most"], state["now"])
+    time.sleep(0.02)
+    with lock:
+        state["now"] -= 1
+    return i
+
+
+@tg.task
+def completes(n: int, state: dict, lock) -> list:
+    futs = [tg.spawn(_counted, state, lock, i) for i in range(n)]
+    return sorted(f.result() for f in tg.as_completed(futs, timeout=60))
+
+
+def test_as_completed_with_a_timeout_hands_over_one_call_at_a_time():
+    """Each look of as_completed is a wait of its own: each handed a call to a thread
+    of its own, 40 at once for 40 calls (a review); one worker runs one at a time."""
+    state, lock = {"now": 0, "most": 0}, threading.Lock()
+    with tg.Graph("one at a time") as g:
+        got = completes(20, state, lock)
+    tg.current_cluster().run(g, workers=1).wait(60)
+    assert got.result() == list(range(20)) and state["most"] == 1, state
+
+
+def _deep_nap(n: int, steps: list) -> int:
+    if n == 0:
+        for _ in range(40):
+            time.sleep(0.1)
+            steps.append(time.monotonic())
+        return 0
+    return tg.spawn(_deep_nap, n - 1, steps).result() + 1
+
+
+@tg.task
+def deep_napper(n: int, steps: list) -> int:
+    return _deep_nap(n, steps)
+
+
+def test_a_cancel_stops_a_call_at_the_bottom_of_waits_on_several_threads_stacks():
+    """The worker, blocked while a fresh thread's stack held the deeper waits, never saw
+    the stop's interrupt: the call at the bottom ran on after the run ended (a review);
+    the interrupt now goes down to it."""
+    steps: list = []
+    with tg.Graph("deep cancel") as g:
+        deep_napper(200, steps)
+    run = tg.current_cluster().run(g, workers=1)
+    time.sleep(0.5)
+    run.cancel("stop")
+    with pytest.raises(tg.RunError, match="stop"):
+        run.wait(30)
+    ended = time.monotonic()
+    time.sleep(0.5)
+    assert not [t for t in steps if t > ended + 0.15], "the bottom call ran on"
+    while [t for t in threading.enumerate() if "deep)" in t.name]:  # (they unwind, fast)
+        assert time.monotonic() < ended + 5, [t.name for t in threading.enumerate()]
+        time.sleep(0.05)
+
+
 def test_a_call_waiting_for_its_siblings_future_runs_it_on_one_worker():
     """The waiter runs only deeper calls, and the sibling is as deep: on one worker the
     run waited for ever (a review); the call it waits for, in the pool, it now runs."""
@@ -362,12 +476,13 @@ def test_an_error_at_the_bottom_of_waits_on_several_threads_stacks_is_caught(wor
     from taskgraph.run.dynamic import nest_segment
 
     assert 1000 > 10 * nest_segment()
+    before = set(threading.enumerate())
     with tg.Graph("deep error") as g:
         c = catches_deep(1000)
     run_in_process(g, workers)
     assert c.result().startswith("caught SpawnedTaskError"), c.result()
     time.sleep(0.2)  # (the threads of the deeper waits end as their waits do)
-    deeper = [t.name for t in threading.enumerate() if "deep)" in t.name]
+    deeper = [t.name for t in set(threading.enumerate()) - before if "deep)" in t.name]
     assert not deeper, deeper
 
 

@@ -277,3 +277,28 @@ def test_a_rank_whose_script_ends_during_a_run_waits_for_it_and_the_job_ends(mpi
     for rank in (0, 1):  # (rank 1's part of 'slow' may have ended by then)
         note = f"rank {rank}/2: the script ended while run 'ensemble' was running: waiting"
         assert note in proc.stderr, proc.stderr
+
+
+def test_a_run_whose_wait_ran_out_is_cancelled_when_the_script_ends(mpirun, tmp_path):
+    """The script gave up on a stuck run (its wait(timeout) raised, caught) and ended:
+    the exit hook waited for it for ever (a review); it now cancels it."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        PRELUDE
+        + textwrap.dedent(
+            """
+            c = tg.Cluster()
+            with tg.Graph("stuck") as g:
+                nap(0, 600)
+            run = c.run(g)
+            try:
+                run.wait(timeout=1)
+            except TimeoutError as exc:
+                say("gave up", exc)
+            """
+        )
+    )
+    proc = mpirun(2, [str(script)], timeout=40)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert said(proc.stdout, 0, "gave up") == ["run of 'stuck' still running after 1 s"]
+    assert "the script ended after giving up on run 'stuck': cancelled" in proc.stderr

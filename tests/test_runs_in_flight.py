@@ -212,6 +212,11 @@ def _read(y):
     return float(y.sum())
 
 
+@tg.task
+def _fill(y):
+    y[:] = 0
+
+
 def test_runs_overlap_only_through_data_one_of_them_writes():
     import numpy as np
 
@@ -229,6 +234,9 @@ def test_runs_overlap_only_through_data_one_of_them_writes():
     assert not must_wait(rx, rx2), "two readers run at once"
     assert not must_wait(fx, fy) and not must_wait(fy, fx)
     assert left_stale(fx, rx) and not left_stale(rx, fx), "only what the failed run writes"
+    with tg.Graph() as overwrites_x:
+        _fill(tg.w(x))
+    assert not left_stale(fx, footprint(overwrites_x)), "a run that only writes it may run"
 
 
 def test_the_blas_limit_holds_until_the_last_run_in_flight_ends():

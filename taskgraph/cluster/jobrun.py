@@ -261,6 +261,7 @@ class Run(RunHandle):
         self._executor: Executor | None = None
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
+        self._given_up = False  # a wait(timeout) ran out: see finish_runs_at_exit
         self._begun = threading.Event()  # no earlier run to wait for any more
         self._started = threading.Event()
         self._finished = threading.Event()  # waited on, not join(): see join()
@@ -513,6 +514,7 @@ class Run(RunHandle):
             self.join()
             raise
         if not self.done():
+            self._given_up = True  # (a script that ends now cancels it: finish_runs_at_exit)
             raise TimeoutError(f"run of {self.graph.name!r} still {self.state()} after {timeout} s")
         # (its last lines too: a script that ends now goes into MPI_Finalize, which no
         # thread that called MPI should still be running beside)
@@ -649,6 +651,12 @@ def finish_runs_at_exit() -> None:
         return
     for run in runs_in_flight():
         rank = f"rank {run.world.rank}/{run.world.size}"
+        if run._given_up:  # (its wait(timeout) ran out, and the script went on to end)
+            print(f"taskgraph: {rank}: the script ended after giving up on run "
+                  f"{run.graph.name!r}: cancelled", file=sys.stderr, flush=True)  # fmt: skip
+            run.cancel("the script ended after its wait(timeout) ran out")
+            run.join(10.0)
+            continue
         print(
             f"taskgraph: {rank}: the script ended while run {run.graph.name!r} was "
             f"{run.state()}: waiting for it here, as every rank takes part in it (call "

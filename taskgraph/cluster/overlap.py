@@ -20,10 +20,12 @@ from ..dsl.graph import Graph
 
 
 class Footprint(NamedTuple):
-    """The shared data a graph touches: ``("matrix", uid)`` and plain data's keys."""
+    """The shared data a graph touches, writes and reads: ``("matrix", uid)`` and plain
+    data's keys."""
 
     touched: frozenset
     written: frozenset
+    read: frozenset = frozenset()
 
 
 def _key(datum):
@@ -38,7 +40,8 @@ def footprint(graph: Graph) -> Footprint:
     """What ``graph`` touches and writes of the data that outlive a run."""
     touched = {_key(d) for d in graph.data}
     written = {_key(graph.data[d]) for t in graph.tasks for d, _ in t.writes}
-    return Footprint(frozenset(touched - {None}), frozenset(written - {None}))
+    read = {_key(graph.data[d]) for t in graph.tasks for d, _ in t.reads}
+    return Footprint(*(frozenset(s - {None}) for s in (touched, written, read)))
 
 
 def must_wait(earlier: Footprint, later: Footprint) -> bool:
@@ -48,9 +51,10 @@ def must_wait(earlier: Footprint, later: Footprint) -> bool:
 
 
 def left_stale(earlier: Footprint, later: Footprint) -> frozenset:
-    """What a run of ``later`` touches that a run of ``earlier``, which it waited for
-    and which failed, writes: its values are the failed run's half-way ones, or older."""
-    return earlier.written & later.touched
+    """What a run of ``later`` reads that a run of ``earlier``, which it waited for and
+    which failed, writes: its values are the failed run's half-way ones, or older (a
+    run that only overwrites them may be the very fix)."""
+    return earlier.written & later.read
 
 
 def data_names(graph: Graph, keys: frozenset) -> list[str]:

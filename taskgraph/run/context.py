@@ -4,6 +4,7 @@ thread a timed attempt runs on (:mod:`taskgraph.run.attempts`)."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
@@ -44,3 +45,19 @@ def enter(ctx: tuple | None) -> None:
 def nested_here(frames: list) -> int:
     """How many of ``frames`` (this thread's worker's stack) lie on this thread's stack."""
     return len(frames) - getattr(tls, "base", 0)
+
+
+def interrupt_thread(thread: threading.Thread) -> bool:
+    """Raise :class:`TaskAbandoned` in ``thread`` (``PyThreadState_SetAsyncExc``).
+
+    A pure-Python loop sees it within a few bytecodes, a ``time.sleep`` when the sleep
+    ends; a call into C that never returns (a kernel, a blocking read) never sees it.
+    True if the exception was set."""
+    ident = thread.ident
+    if ident is None or not thread.is_alive():
+        return False
+    setexc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    n = setexc(ctypes.c_ulong(ident), ctypes.py_object(TaskAbandoned))
+    if n > 1:  # (never for one thread id, but the C API asks for the undo)
+        setexc(ctypes.c_ulong(ident), None)
+    return n == 1

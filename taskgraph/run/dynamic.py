@@ -465,6 +465,8 @@ def _failure(item: SpawnFuture, exc: BaseException, net: Any) -> tuple:
     try:
         if isinstance(exc, SpawnedTaskError):  # a child's: its text, without the traceback
             error, text = _elide(f"SpawnedTaskError: {TaskError.__str__(exc)}"), exc.traceback
+        elif isinstance(exc, (TaskAbandoned, Unwind)):  # (one exception up every level:
+            error, text = f"{type(exc).__name__}: {exc}", ""  # its traceback grows each)
         else:  # (nor a cause's: each level would hold every level below it, twice)
             error = f"{type(exc).__name__}: {exc}"
             text = "".join(traceback.format_exception(exc, chain=False))
@@ -877,6 +879,8 @@ class SpawnRunner:
         if frames is None or context.nested_here(frames) < nest_segment():
             return self._wait_here(fut, frames, depth, until, awaits)
         ctx, out = _tls.ctx, []
+        ended = threading.Event()  # (not Thread.join: an interrupt landing in it marks
+        # the thread ended while it runs on)
 
         def deeper() -> None:
             context.enter(ctx)
@@ -884,11 +888,23 @@ class SpawnRunner:
                 self._wait_here(fut, frames, depth, until, awaits)
             except BaseException as exc:  # noqa: BLE001 - raised on the waiting thread
                 out.append(exc)
+            finally:
+                ended.set()
 
         name = f"taskgraph-worker {ctx[1]} (waits {len(frames)} deep)"
         th = threading.Thread(target=deeper, name=name, daemon=True)
         th.start()
-        th.join()
+        landed: BaseException | None = None  # (an interrupt meant for this worker)
+        while not ended.is_set():  # (in steps: an interrupt lands here, not after)
+            try:
+                ended.wait(0.05)
+            except TaskAbandoned as exc:  # the run goes on without this worker: the
+                landed = landed or exc  # deeper part of its stack stops too
+                context.interrupt_thread(th)
+            except BaseException as exc:  # noqa: BLE001 - a timed attempt's, below:
+                landed = landed or exc  # raised once the deeper waits return (late)
+        if landed is not None and not (out and isinstance(out[0], TaskAbandoned)):
+            out[:] = [landed]
         if out:
             exc = out.pop()
             try:
@@ -907,7 +923,6 @@ class SpawnRunner:
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
         timed = until.__class__ is Until  # (its calls run on a thread of their own)
-        handed: list = []  # [True] while that thread runs one (see _hand_over)
         try:  # (one Python frame a wait: 150 nested waits must fit the interpreter's stack)
             with lock:
                 while True:
@@ -923,7 +938,7 @@ class SpawnRunner:
                     if frames is None:  # not a worker of this run (the notebook's thread)
                         self.spawn_cv.wait(0.1)
                         continue
-                    if handed and handed[0]:  # (one call at a time: until it ends, or this)
+                    if timed and self._handing():  # (one call at a time, over its waits)
                         self.spawn_waiting += 1
                         try:
                             self.spawn_cv.wait(min(0.05, max(0.0, until.at - time.monotonic())))
@@ -960,45 +975,60 @@ class SpawnRunner:
                         continue
                     item.state = RUNNING
                     rung = False
-                    if timed and len(self._handed) < HANDED_LIMIT:
-                        handed = self._hand_over(item)
+                    if timed and len(self._handed) < HANDED_LIMIT and self._hand_over(item):
                         continue
                     self._run_deeper(item, frames)  # (past the limit: late rather than stuck)
         finally:
             if top is not None:
                 top.awaits = ()  # (kept, it would tie the frame and its calls in a cycle)
 
-    def _hand_over(self: Any, item: SpawnFuture) -> list:
+    def _hand_over(self: Any, item: SpawnFuture) -> bool:
         """Run ``item`` (taken, RUNNING), which a wait with a timeout would have run on
         its stack, on a thread of its own, as this worker (its trace lane): the wait
         ends at its time, not after the call (a 2 s call ran to its end inside a 0.2 s
-        ``result(timeout=)``: a trial), and the call goes on if it does. [True] until
-        the call ends. Lock held."""
+        ``result(timeout=)``: a trial), and the call goes on if it does. This thread's
+        timed waits hand over no other call until it ends (``_tls.handed``: as_completed
+        waits again and again). False if no thread could start. Lock held."""
         ctx = _tls.ctx
         own: list = []  # (its frame stack: a call deeper than the waiter's)
         handed = [True]
-        self.spawned_running += 1
-        self._handed[id(own)] = own
 
         def body() -> None:
             context.enter((self, ctx[1], own))
             try:
                 self.run_spawned(item, own)
-            except BaseException as exc:  # noqa: BLE001 - as an idle worker's call (below)
+            except BaseException as exc:  # noqa: BLE001 - as an idle worker's call
                 with self.lock:
-                    self._fail(None, exc)
+                    if not self.stopping:
+                        self._fail(None, exc)
             finally:
                 with self.lock:
                     self.spawned_running -= 1
                     del self._handed[id(own)]
+                    self._handed_threads.pop(id(own), None)
                     handed[0] = False
                     self.spawn_cv.notify_all()
                 self.wake.set()  # (the rank may be quiet now: see Stealer.step)
                 context.leave_worker()
 
         name = f"taskgraph-worker {ctx[1]} (a timed wait's call)"
-        threading.Thread(target=body, name=name, daemon=True).start()
-        return handed
+        th = threading.Thread(target=body, name=name, daemon=True)
+        self.spawned_running += 1
+        self._handed[id(own)] = own
+        self._handed_threads[id(own)] = th  # (interrupted if the run stops: _join_workers)
+        try:
+            th.start()
+        except RuntimeError:  # (no thread to be had: run it on this stack, late)
+            self.spawned_running -= 1
+            del self._handed[id(own)], self._handed_threads[id(own)]
+            return False
+        _tls.handed = (self, handed)
+        return True
+
+    def _handing(self: Any) -> bool:
+        """Whether a call that this thread's timed waits handed over still runs."""
+        h = getattr(_tls, "handed", None)
+        return h is not None and h[0] is self and h[1][0]
 
     def _run_deeper(self: Any, item: SpawnFuture, frames: list) -> None:
         """Run ``item`` on this waiting worker's stack. Lock held on entry and exit. A

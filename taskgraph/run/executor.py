@@ -34,7 +34,6 @@ never returns keeps its (daemon) thread until the process exits.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections import deque
@@ -49,7 +48,7 @@ from ..trace.recorder import TASK_FAILED, Recorder
 from . import attempts, doorbell
 from . import comm as commlib
 from .buffers import BufferPool, Stats, gc_frozen
-from .context import TaskAbandoned
+from .context import TaskAbandoned, interrupt_thread
 from .direct import DirectPath, direct_task
 from .dynamic import SpawnRunner
 from .launcher import Launcher
@@ -91,22 +90,6 @@ __all__ = [
     "short_task_limit",
     "timeouts_by_function",
 ]
-
-
-def interrupt_thread(thread: threading.Thread) -> bool:
-    """Raise :class:`TaskAbandoned` in ``thread`` (``PyThreadState_SetAsyncExc``).
-
-    A pure-Python loop sees it within a few bytecodes, a ``time.sleep`` when the sleep
-    ends; a call into C that never returns (a kernel, a blocking read) never sees it.
-    True if the exception was set."""
-    ident = thread.ident
-    if ident is None or not thread.is_alive():
-        return False
-    setexc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    n = setexc(ctypes.c_ulong(ident), ctypes.py_object(TaskAbandoned))
-    if n > 1:  # (never for one thread id, but the C API asks for the undo)
-        setexc(ctypes.c_ulong(ident), None)
-    return n == 1
 
 
 class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
@@ -186,6 +169,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.submitted_left = 0
         self._frames: list[list] = [[] for _ in range(self.nworkers)]
         self._handed: dict[int, list] = {}  # the frame stacks of timed waits' calls' threads
+        self._handed_threads: dict[int, threading.Thread] = {}  # ... and those threads
         self._nested_static = [0] * self.nworkers  # static tasks run inside a wait (workers)
         self.wake: threading.Event | doorbell.Doorbell = threading.Event()  # workers -> progress
         self.pollers = 0
@@ -288,6 +272,12 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         deadline = time.monotonic() + grace
         for th in threads:
             th.join(max(0.0, deadline - time.monotonic()))
+        with self.lock:  # (threads running calls that timed waits handed over)
+            handed = list(self._handed_threads.values())
+        for th in handed:
+            th.join(max(0.0, deadline - time.monotonic()))
+            if th.is_alive():
+                interrupt_thread(th)  # (as a worker's: it stops at its next bytecode)
         late = [i for i, th in enumerate(threads) if th.is_alive()]
         if not late:
             return

@@ -210,9 +210,12 @@ class WorkerLoop:
         deeper to run, runs a ready static task meanwhile (lock held): no other worker
         is idle to run it, the run has no time limits (an interrupt would land in the
         task below), no static task waits below on this stack already, and the stack
-        is shallow (the nested task gets its own NEST_LIMIT)."""
+        is shallow (the nested task gets its own NEST_LIMIT); and ``frames`` is the
+        worker's own (not a thread running a call a timed wait handed over: it would
+        take the worker's place, its stack and its task's join)."""
         return (
-            bool(self.sched.ready)
+            frames is self._frames[index]
+            and bool(self.sched.ready)
             and not self.waiting
             and not self._limits
             and not self._nested_static[index]
