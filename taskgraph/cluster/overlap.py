@@ -62,7 +62,8 @@ def data_names(graph: Graph, keys: frozenset) -> list[str]:
     names = set()
     for d in graph.data:
         if _key(d) in keys:
-            name = d.item.name if d.item is not None else getattr(d.tile.matrix, "name", None)
+            item, tile = d.item, d.tile
+            name = item.name if item is not None else getattr(tile and tile.matrix, "name", None)
             names.add(str(name or "a matrix"))
     return sorted(names)
 

@@ -158,9 +158,9 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
                 continue
             if deadline is not None and time.monotonic() >= deadline:
                 first = next(iter(spawned.values()), None) or others[0]
-                left = len(spawned) + len(others)
+                pending = len(spawned) + len(others)
                 raise TimeoutError(
-                    f"{left} of the futures {'has' if left == 1 else 'have'} not ended "
+                    f"{pending} of the futures {'has' if pending == 1 else 'have'} not ended "
                     f"after {timeout} s (the first: {first!r})"
                 )
             pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))

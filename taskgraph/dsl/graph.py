@@ -218,6 +218,7 @@ class Graph:
 
     def __init__(self, name: str = "graph"):
         self.name = name
+        self.internal = False  # its tasks are the runtime's, not the user's (see cluster.submit)
         self.tasks: list[Task] = []
         self.data: list[Data] = []
         self._values: dict[int, int] = {}  # task -> the data id of its value

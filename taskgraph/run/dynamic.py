@@ -906,11 +906,7 @@ class SpawnRunner:
         if landed is not None and not (out and isinstance(out[0], TaskAbandoned)):
             out[:] = [landed]
         if out:
-            exc = out.pop()
-            try:
-                raise exc
-            finally:
-                del exc
+            raise out.pop()
         return None
 
     def _wait_here(
