@@ -209,13 +209,17 @@ def test_a_second_run_on_the_same_matrix_is_queued_until_the_first_ends(cluster)
     assert np.all(B1.gather() == 11.0)
 
 
-def test_a_queued_run_cancelled_never_runs(cluster):
+def two_runs_on_one_matrix(cluster):
+    """A run of 1 s of naps on a matrix, the second queued behind it; and the matrix."""
     g1, B1 = naps(cluster, 10)
     with tg.Graph("naps") as g2:
         for i in range(cluster.size):
             nap(B1[i, 0].rw)
-    first = cluster.run(g1)
-    second = cluster.run(g2)
+    return cluster.run(g1), cluster.run(g2), B1
+
+
+def test_a_queued_run_cancelled_never_runs(cluster):
+    first, second, B1 = two_runs_on_one_matrix(cluster)
     second.cancel()
     with pytest.raises(tg.RunError, match="cancelled"):
         second.wait(60)
@@ -224,12 +228,7 @@ def test_a_queued_run_cancelled_never_runs(cluster):
 
 
 def test_a_run_queued_behind_a_cancelled_one_is_not_run_on_its_half_written_data(cluster):
-    g1, B1 = naps(cluster, 10)
-    with tg.Graph("naps") as g2:
-        for i in range(cluster.size):
-            nap(B1[i, 0].rw)
-    first = cluster.run(g1)
-    second = cluster.run(g2)
+    first, second, _ = two_runs_on_one_matrix(cluster)
     time.sleep(0.3)
     first.cancel("stop the first")
     with pytest.raises(tg.RunError, match="stop the first"):

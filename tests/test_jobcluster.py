@@ -43,12 +43,17 @@ def say(*words):  # one write per line: the ranks' lines do not mix
 """
 
 
-def run_script(mpirun, tmp_path, body: str, ranks: int = 2, timeout: float = 120):
+def script_job(mpirun, tmp_path, body: str, ranks: int = 2, timeout: float = 120):
+    """The finished job of ``body`` after PRELUDE on ``ranks`` ranks, which ended well."""
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     proc = mpirun(ranks, [str(script)], timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return proc
+
+
+def run_script(mpirun, tmp_path, body: str, ranks: int = 2, timeout: float = 120):
+    return script_job(mpirun, tmp_path, body, ranks, timeout).stdout
 
 
 def said(out: str, rank: int, what: str) -> list[str]:
@@ -253,25 +258,18 @@ def test_a_rank_whose_script_ends_during_a_run_waits_for_it_and_the_job_ends(mpi
     """rank 1 leaves ``wait()`` to rank 0, and rank 0 never closes its open run: the
     job hung in MPI_Finalize with no word (a trial, 5 of 5). Each rank now waits for
     its runs at the script's end, and says so."""
-    script = tmp_path / "script.py"
-    script.write_text(
-        PRELUDE
-        + textwrap.dedent(
-            """
-            c = tg.Cluster()
-            with tg.Graph("slow") as g:
-                a = total(*[nap(i, 0.2) for i in range(6)])
-            run = c.run(g)
-            ens = c.run(open=True)
-            if c.rank == 0:
-                run.wait()
-                say("total", run.result(a), [f.result() for f in [ens.submit(abs, -3)]])
-            say("ends")
-            """
-        )
-    )
-    proc = mpirun(2, [str(script)], timeout=60)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    body = """
+        c = tg.Cluster()
+        with tg.Graph("slow") as g:
+            a = total(*[nap(i, 0.2) for i in range(6)])
+        run = c.run(g)
+        ens = c.run(open=True)
+        if c.rank == 0:
+            run.wait()
+            say("total", run.result(a), [f.result() for f in [ens.submit(abs, -3)]])
+        say("ends")
+        """
+    proc = script_job(mpirun, tmp_path, body, timeout=60)
     assert said(proc.stdout, 0, "total") == ["15 [3]"], proc.stdout
     assert said(proc.stdout, 1, "ends") == [""], proc.stdout
     for rank in (0, 1):  # (rank 1's part of 'slow' may have ended by then)
@@ -282,23 +280,16 @@ def test_a_rank_whose_script_ends_during_a_run_waits_for_it_and_the_job_ends(mpi
 def test_a_run_whose_wait_ran_out_is_cancelled_when_the_script_ends(mpirun, tmp_path):
     """The script gave up on a stuck run (its wait(timeout) raised, caught) and ended:
     the exit hook waited for it for ever (a review); it now cancels it."""
-    script = tmp_path / "script.py"
-    script.write_text(
-        PRELUDE
-        + textwrap.dedent(
-            """
-            c = tg.Cluster()
-            with tg.Graph("stuck") as g:
-                nap(0, 600)
-            run = c.run(g)
-            try:
-                run.wait(timeout=1)
-            except TimeoutError as exc:
-                say("gave up", exc)
-            """
-        )
-    )
-    proc = mpirun(2, [str(script)], timeout=40)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    body = """
+        c = tg.Cluster()
+        with tg.Graph("stuck") as g:
+            nap(0, 600)
+        run = c.run(g)
+        try:
+            run.wait(timeout=1)
+        except TimeoutError as exc:
+            say("gave up", exc)
+        """
+    proc = script_job(mpirun, tmp_path, body, timeout=40)
     assert said(proc.stdout, 0, "gave up") == ["run of 'stuck' still running after 1 s"]
     assert "the script ended after giving up on run 'stuck': cancelled" in proc.stderr
