@@ -284,15 +284,17 @@ class Frame:
     ``depth`` (a static task is 0, a child one more than its parent), the
     ``children`` it spawned and has not joined yet, and for taskgraph.run.unwind: the
     calls it ``awaits`` in its last wait (whose end ends it), whether it is
-    ``unwinding`` and whether it has ``unwound`` (raised Unwind)."""
+    ``unwinding`` and whether it has ``unwound`` (raised Unwind); ``handed``: [True]
+    while a call its timed waits handed to a thread runs (see SpawnRunner._hand_over)."""
 
-    __slots__ = ("awaits", "children", "depth", "name", "unwinding", "unwound")
+    __slots__ = ("awaits", "children", "depth", "handed", "name", "unwinding", "unwound")
 
     def __init__(self, name: str, depth: int):
         self.name = name
         self.depth = depth
         self.children: list[SpawnFuture] = []
         self.awaits: Sequence[SpawnFuture] = ()
+        self.handed: list | None = None
         self.unwinding = False
         self.unwound = False
 
@@ -934,7 +936,8 @@ class SpawnRunner:
                     if frames is None:  # not a worker of this run (the notebook's thread)
                         self.spawn_cv.wait(0.1)
                         continue
-                    if timed and self._handing():  # (one call at a time, over its waits)
+                    if timed and top is not None and top.handed and top.handed[0]:
+                        # (one call at a time, over the frame's waits: as_completed's looks)
                         self.spawn_waiting += 1
                         try:
                             self.spawn_cv.wait(min(0.05, max(0.0, until.at - time.monotonic())))
@@ -971,20 +974,22 @@ class SpawnRunner:
                         continue
                     item.state = RUNNING
                     rung = False
-                    if timed and len(self._handed) < HANDED_LIMIT and self._hand_over(item):
+                    if timed and len(self._handed) < HANDED_LIMIT and self._hand_over(item, top):
                         continue
                     self._run_deeper(item, frames)  # (past the limit: late rather than stuck)
         finally:
             if top is not None:
                 top.awaits = ()  # (kept, it would tie the frame and its calls in a cycle)
 
-    def _hand_over(self: Any, item: SpawnFuture) -> bool:
+    def _hand_over(self: Any, item: SpawnFuture, top: Frame | None) -> bool:
         """Run ``item`` (taken, RUNNING), which a wait with a timeout would have run on
         its stack, on a thread of its own, as this worker (its trace lane): the wait
         ends at its time, not after the call (a 2 s call ran to its end inside a 0.2 s
-        ``result(timeout=)``: a trial), and the call goes on if it does. This thread's
-        timed waits hand over no other call until it ends (``_tls.handed``: as_completed
-        waits again and again). False if no thread could start. Lock held."""
+        ``result(timeout=)``: a trial), and the call goes on if it does. The waiting
+        frame ``top`` hands over no other call until it ends (``top.handed``: its
+        timed waits, as_completed's looks, would start a thread a call); per frame,
+        not per thread: a call this thread runs later may be one the handed call waits
+        for. False if no thread could start. Lock held."""
         ctx = _tls.ctx
         own: list = []  # (its frame stack: a call deeper than the waiter's)
         handed = [True]
@@ -1018,13 +1023,9 @@ class SpawnRunner:
             self.spawned_running -= 1
             del self._handed[id(own)], self._handed_threads[id(own)]
             return False
-        _tls.handed = (self, handed)
+        if top is not None:
+            top.handed = handed
         return True
-
-    def _handing(self: Any) -> bool:
-        """Whether a call that this thread's timed waits handed over still runs."""
-        h = getattr(_tls, "handed", None)
-        return h is not None and h[0] is self and h[1][0]
 
     def _run_deeper(self: Any, item: SpawnFuture, frames: list) -> None:
         """Run ``item`` on this waiting worker's stack. Lock held on entry and exit. A
