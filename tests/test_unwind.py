@@ -137,13 +137,13 @@ say("catch", got.result())
 t.RAISED.clear()
 with tg.Graph("buried") as g:
     t.tree_root(3, 8, 0.3)
-t0 = time.time()
 try:
     c.run(g, workers=1).wait()
     say("not failed")
 except tg.TaskError as exc:
     say("failed", "leaf 8 failed" in str(exc))
-say("seconds", f"{{time.time() - t0:.2f}}")
+if t.RAISED:  # (the rank whose leaf raised: from the raise to the run's failure here)
+    say("late", f"{{time.perf_counter() - t.RAISED[0]:.2f}}")
 """
 
 
@@ -157,10 +157,10 @@ def test_unwinding_on_ranks_keeps_values_exact_and_fails_fast(ranks, mpirun, tmp
     for rank in range(ranks):
         assert f"rank {rank}: catch caught, then 6" in proc.stdout, proc.stdout
         assert f"rank {rank}: failed True" in proc.stdout, proc.stdout
-    if ranks > 1:  # (27 leaves of 0.3 s: 8 s on one rank, 4 on two; failed at the first)
-        for line in proc.stdout.splitlines():
-            if ": seconds " in line:
-                assert float(line.split()[-1]) < 3.0, proc.stdout
+    # (from the raise, as in process: the whole run's time, < 3 s on 2 ranks, was 3.3 s
+    # once in a CI-like run on 2 busy cores; unburied, it failed 2-40 s after the raise)
+    late = [float(line.split()[-1]) for line in proc.stdout.splitlines() if ": late " in line]
+    assert late and max(late) < 1.2, proc.stdout
 
 
 RUNS: list[str] = []
