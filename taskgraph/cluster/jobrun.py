@@ -339,8 +339,8 @@ class Run(RunHandle):
         behind failed, and writes data this one uses: it would read half-written or old
         values with no word (a trial)."""
         for earlier in waited:
-            stale = left_stale(earlier.footprint, self.footprint)
-            if earlier._error is not None and stale:
+            stale = earlier._error is not None and left_stale(earlier.footprint, self.footprint)
+            if stale:
                 what = ", ".join(data_names(self.graph, stale))
                 raise RunError(
                     f"run {self.graph.name!r} not run: it was queued behind run "

@@ -921,7 +921,7 @@ class SpawnRunner:
         lock, pool = self.lock, self.spool
         rung = False  # (the progress thread was told this worker went idle)
         timed = until.__class__ is Until  # (its calls run on a thread of their own)
-        try:  # (one Python frame a wait: 150 nested waits must fit the interpreter's stack)
+        try:  # (one Python frame a wait: nest_segment() of them fit a thread's stack)
             with lock:
                 while True:
                     if top is not None and top.unwinding:  # (before its end: a dropped
@@ -1005,8 +1005,7 @@ class SpawnRunner:
             finally:
                 with self.lock:
                     self.spawned_running -= 1
-                    del self._handed[id(own)]
-                    self._handed_threads.pop(id(own), None)
+                    del self._handed[threading.current_thread()]
                     handed[0] = False
                     self.spawn_cv.notify_all()
                 self.wake.set()  # (the rank may be quiet now: see Stealer.step)
@@ -1015,13 +1014,12 @@ class SpawnRunner:
         name = f"taskgraph-worker {ctx[1]} (a timed wait's call)"
         th = threading.Thread(target=body, name=name, daemon=True)
         self.spawned_running += 1
-        self._handed[id(own)] = own
-        self._handed_threads[id(own)] = th  # (interrupted if the run stops: _join_workers)
+        self._handed[th] = own  # (its stack unwinds; it is interrupted if the run stops)
         try:
             th.start()
         except RuntimeError:  # (no thread to be had: run it on this stack, late)
             self.spawned_running -= 1
-            del self._handed[id(own)], self._handed_threads[id(own)]
+            del self._handed[th]
             return False
         if top is not None:
             top.handed = handed

@@ -168,8 +168,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.accepting = open
         self.submitted_left = 0
         self._frames: list[list] = [[] for _ in range(self.nworkers)]
-        self._handed: dict[int, list] = {}  # the frame stacks of timed waits' calls' threads
-        self._handed_threads: dict[int, threading.Thread] = {}  # ... and those threads
+        self._handed: dict[threading.Thread, list] = {}  # timed waits' calls' threads: stacks
         self._nested_static = [0] * self.nworkers  # static tasks run inside a wait (workers)
         self.wake: threading.Event | doorbell.Doorbell = threading.Event()  # workers -> progress
         self.pollers = 0
@@ -273,7 +272,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         for th in threads:
             th.join(max(0.0, deadline - time.monotonic()))
         with self.lock:  # (threads running calls that timed waits handed over)
-            handed = list(self._handed_threads.values())
+            handed = list(self._handed)
         for th in handed:
             th.join(max(0.0, deadline - time.monotonic()))
             if th.is_alive():
