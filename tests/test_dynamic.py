@@ -504,15 +504,16 @@ def catches_deep(depth: int) -> str:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_error_at_the_bottom_of_waits_on_several_threads_stacks_is_caught(workers):
-    """The bottom of a recursion 1,000 deep (waits on ~15 threads' stacks, see
+    """The bottom of a recursion deep enough to wait on ~15 threads' stacks (see
     nest_segment) raises; the error comes up through every level to the task that
     catches it, and the worker threads are the run's again after."""
-    from taskgraph.run.dynamic import nest_segment
+    from taskgraph.run.dynamic import NEST_LIMIT, nest_segment
 
-    assert 1000 > 10 * nest_segment()
+    depth = 15 * nest_segment()  # (1,000 at the default recursion limit)
+    assert depth < NEST_LIMIT
     before = set(threading.enumerate())
     with tg.Graph("deep error") as g:
-        c = catches_deep(1000)
+        c = catches_deep(depth)
     run_in_process(g, workers)
     assert c.result().startswith("caught SpawnedTaskError"), c.result()
     time.sleep(0.2)  # (the threads of the deeper waits end as their waits do)

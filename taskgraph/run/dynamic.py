@@ -80,8 +80,9 @@ HANDED_LIMIT = 256
 
 def nest_segment() -> int:
     """Waits nested on one thread's stack before the next goes on a new thread's: each
-    takes ~6 of the interpreter's frames (1000 by default), the calls' own come on top."""
-    return max(8, (sys.getrecursionlimit() - 200) // 12)
+    takes ~6 of the interpreter's frames (1000 by default), the calls' own come on top.
+    A raised limit is not trusted: a library may raise it only for a while (jedi does)."""
+    return max(8, (min(sys.getrecursionlimit(), 1000) - 200) // 12)
 
 
 _short = reprlib.Repr()
