@@ -245,6 +245,8 @@ def test_as_completed_yields_in_finishing_order_and_times_out():
     with pytest.raises(TimeoutError, match="1 of the futures has not ended after 0.1 s"):
         list(tg.as_completed([fast, stuck], timeout=0.1))
     run.wait(10)
+    # (its calls, not the runtime's one hidden task: (1, 1) before)
+    assert run.progress() == (0, 0) and run.calls_ended() == 3
     with pytest.raises(tg.RunError, match="has ended"):
         run.submit(abs, 1)
     with pytest.raises(tg.RunError, match="needs a graph, unless open=True"):
@@ -304,6 +306,7 @@ def test_an_adaptive_ensemble_submits_from_the_notebook_to_engines(engines):
         tg.wait([run.submit(_square, 2), run.submit(_bad, 8)], timeout=30)
     run.wait(30)
     assert run.stats.spawned == 32
+    assert run.progress() == (0, 0)  # (the runtime's hidden task is not counted)
     with pytest.raises(tg.RunError, match="has ended"):
         run.submit(_square, 1)
 

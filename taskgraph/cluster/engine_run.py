@@ -497,7 +497,10 @@ class EngineRun(RunHandle):
         return self._trace
 
     def progress(self) -> tuple[int, int]:
-        """(tasks done, tasks in all) over every rank, from the latest batches."""
+        """(tasks done, tasks in all) over every rank, from the latest batches; (0, 0) in
+        a run of submitted calls only (its one task is the runtime's)."""
+        if self.graph.internal:
+            return 0, 0
         if self.summaries is not None:  # the ranks' final counts
             return sum(s["stats"]["tasks"] for s in self.summaries), self.graph.ntasks
         return sum(b["done"] for b in self._latest().values()), self.graph.ntasks

@@ -412,7 +412,9 @@ class Run(RunHandle):
     def progress(self) -> tuple[int, int]:
         """(tasks done, tasks) on this rank."""
         ex = self._executor
-        return ex.progress() if ex is not None else (0, len(self.rank_plan.tasks))
+        if ex is not None:
+            return ex.progress()
+        return (0, 0) if self.graph.internal else (0, len(self.rank_plan.tasks))
 
     def calls_ended(self) -> int:
         """Spawned and submitted calls of this rank (wherever they ran) ended so far."""

@@ -300,13 +300,17 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
             interrupt_thread(threads[i])
 
     def progress(self) -> tuple[int, int]:
-        """(tasks done, tasks in all) on this rank."""
+        """(tasks done, tasks in all) on this rank; (0, 0) in a run of submitted calls
+        only (its one task is the runtime's: see cluster.submit.ensemble_graph)."""
+        if self.graph.internal:
+            return 0, 0
         return self.sched.done, self.sched.ntasks
 
     def counts(self) -> dict[str, int]:
         """What a progress batch counts on this rank: tasks ``done`` of ``total``, and
         the spawned and submitted ``calls`` ended (see ``calls_finished``)."""
-        return {"done": self.sched.done, "total": self.sched.ntasks, "calls": self.calls_finished}
+        done, total = self.progress()
+        return {"done": done, "total": total, "calls": self.calls_finished}
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop the run on this rank (and, through the abort, on every rank).
