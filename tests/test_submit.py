@@ -236,6 +236,30 @@ def test_wait_names_what_is_not_a_list_of_futures():
             tg.wait(bad)
 
 
+@tg.task
+def _slow_square(x):
+    time.sleep(0.05)
+    return x * x
+
+
+def test_a_graphs_futures_of_an_open_run_are_refused_until_it_is_closed():
+    """A @tg.task call's future ends with its run; an open run ends once closed: as
+    tg.as_completed and tg.wait over them waited for ever before it (a trial)."""
+    with tg.Graph("open graph") as g:
+        fs = [_slow_square(i) for i in range(3)]
+    with pytest.raises(tg.GraphError, match=r"tg.as_completed: task _slow_square.* not run yet"):
+        tg.as_completed(fs)
+    run = tg.Cluster().run(g, open=True)
+    extra = run.submit(abs, -4)
+    for call in (tg.as_completed, tg.wait):
+        with pytest.raises(tg.RunError, match=r"run 'open graph' is open: it ends once closed"):
+            call(fs, timeout=5)
+    assert tg.wait([extra], timeout=5) == [4]  # (its own calls end one by one)
+    run.close()
+    assert sorted(f.result() for f in tg.as_completed(fs, timeout=10)) == [0, 1, 4]
+    assert tg.wait(fs, timeout=10) == [0, 1, 4] and run.state() == "done"
+
+
 def test_as_completed_yields_in_finishing_order_and_times_out():
     c = tg.Cluster()
     run = c.run(open=True)

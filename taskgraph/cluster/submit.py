@@ -40,6 +40,7 @@ from typing import Any
 from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError, TaskgraphError
 from ..dsl.graph import Graph, task
 from ..dsl.options import RunOptions
+from ..dsl.tasks import Future
 from ..run import dynamic
 from ..run.attempts import Skipped
 from ..run.context import TaskAbandoned
@@ -81,6 +82,24 @@ def _done(fut: Any) -> bool:
     return bool(fut.done())
 
 
+def _refuse_unending(fut: Any, what: str) -> None:
+    """A ``@tg.task`` call's future ends when its graph's run ends: GraphError if the
+    graph never ran, RunError if its run is open and not closed (it ends only once
+    closed: ``tg.as_completed`` over it waited for ever, a trial); nothing otherwise."""
+    if not isinstance(fut, Future) or fut.done():
+        return
+    run, label = fut.graph.last_run, fut.graph.label(fut.id)
+    if run is None:
+        raise GraphError(f"{what}: task {label} has not run yet: run the graph first")
+    if getattr(run, "open", False) and not getattr(run, "_closed", True):
+        raise RunError(
+            f"{what}: task {label} has its value when its run ends, and run "
+            f"{fut.graph.name!r} is open: it ends once closed. Call run.close() first "
+            "(the run then ends after its calls), or wait on run.submit's futures, which "
+            "end one by one"
+        )
+
+
 def wait(futures: Iterable[Any], timeout: float | None = None) -> list:
     """The values of ``futures``, in their order, once all have ended; raises a failed
     one's error as soon as one has failed; TimeoutError after ``timeout`` seconds (they
@@ -102,6 +121,7 @@ def wait(futures: Iterable[Any], timeout: float | None = None) -> list:
                 f"tg.wait: item {i} is {type(f).__name__} {f!r:.60}, not a future (tg.spawn "
                 "and run.submit give futures)"
             )
+        _refuse_unending(f, "tg.wait")
     if all(f.__class__ is SpawnFuture for f in futures):
         return dynamic.wait(futures, timeout)
     for f in as_completed(futures, timeout):  # (raises at the first that failed)
@@ -116,7 +136,16 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
     EngineFutures (``run.submit`` in a notebook), mixed as you like; the set is fixed
     when called (call it again on a new batch). ``timeout``: seconds for all of them,
     then TimeoutError naming how many have not ended. A future that failed is yielded
-    too: its ``result()`` raises."""
+    too: its ``result()`` raises. A ``@tg.task`` call's future ends when its run does
+    (RunError at once for one of an open run not closed yet: see :func:`_refuse_unending`)."""
+    futures = list(futures)
+    for f in futures:
+        _refuse_unending(f, "tg.as_completed")
+    return _as_completed(futures, timeout)
+
+
+def _as_completed(futures: list, timeout: float | None) -> Iterator[Any]:
+    """:func:`as_completed`, its futures checked."""
     deadline = None if timeout is None else time.monotonic() + timeout
     ready: list = []  # ended already, in order: yielded first
     ended: deque = deque()  # (a spawned call is put here as it ends: see SpawnFuture.watch)
