@@ -521,6 +521,25 @@ def test_an_error_at_the_bottom_of_waits_on_several_threads_stacks_is_caught(wor
     assert not deeper, deeper
 
 
+@tg.task
+def asks_exceptions() -> tuple:
+    bad, good = tg.spawn(fail_at_bottom, 4), tg.spawn(abs, -2)
+    err = bad.exception(timeout=10)
+    named = "bad leaf 4" in str(err)
+    return type(err).__name__, isinstance(err, ValueError), named, good.exception()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_spawned_futures_exception_is_its_error_or_none_and_handles_it(workers):
+    """fut.exception(), as on concurrent.futures and Dask futures (engine futures had
+    it, spawned ones not: a trial); asked, the failure is handled: the run ends well."""
+    with tg.Graph("exceptions") as g:
+        t = asks_exceptions()
+    run = run_in_process(g, workers)
+    assert t.result() == ("SpawnedTaskError(ValueError)", True, True, None)
+    assert run.summary().ended_well
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_grandchild_exception_is_caught_by_its_grandparent(workers):
     with tg.Graph("catch") as g:

@@ -418,6 +418,21 @@ class SpawnFuture(Frame):
             raise self.value.exception(self.owner.net.host)
         return self.value
 
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The call's error once it ended (the :class:`SpawnedTaskError` that
+        ``result()`` raises, or a skipped call's TaskSkipped), None if it ended well;
+        waits as ``result()`` does, and raises as it does when the run stops or the
+        time runs out (as ``concurrent.futures`` and Dask futures do)."""
+        if self.state < DONE:
+            self.owner.wait_for(self, past(timeout))
+            if self.state < DONE:
+                raise TimeoutError(f"{self.label()} has not ended after {timeout} s")
+        try:
+            self.result()
+        except TaskError as exc:  # (an Unwind or a RunError goes on up)
+            return exc
+        return None
+
     def error(self) -> SpawnedTaskError:
         """The error to raise for a failed call, caused by its exception (see
         :class:`SpawnedTaskError`)."""
