@@ -48,6 +48,7 @@ def test_the_library_is_really_open_mpi(mpirun, openmpi, tmp_path):
         "kernel_raises_then_next_run_works",
         "write_after_read_across_ranks",
         "futures_reduction_tree",
+        "spawned_calls_are_stolen_and_their_errors_caught",
     ],
 )
 def test_scenarios_under_open_mpi(name, mpirun, openmpi):
