@@ -138,6 +138,22 @@ def spawned_calls_are_stolen_and_their_errors_caught():
 
 
 @scenario
+def pairs_of_runs_in_flight_one_after_another():
+    """Two runs in flight, eight times over in one job: Open MPI 4.1 hung within 1-6
+    pairs while four communicator duplications were outstanding at once (a review)."""
+    c = cluster()
+    for i in range(8):
+        with tg.Graph(f"a{i}") as ga:
+            a = tg.task(_fib_spawned)(12)
+        with tg.Graph(f"b{i}") as gb:
+            b = tg.task(abs)(-i)
+        ra, rb = c.run(ga), c.run(gb)
+        rb.wait(60)
+        ra.wait(60)
+        assert (a.result(), b.result()) == (144, i), (a.result(), b.result())
+
+
+@scenario
 def kernel_raises_then_next_run_works():
     size = cluster().size
     bad_rank = size - 1

@@ -49,6 +49,7 @@ def test_the_library_is_really_open_mpi(mpirun, openmpi, tmp_path):
         "write_after_read_across_ranks",
         "futures_reduction_tree",
         "spawned_calls_are_stolen_and_their_errors_caught",
+        "pairs_of_runs_in_flight_one_after_another",
     ],
 )
 def test_scenarios_under_open_mpi(name, mpirun, openmpi):

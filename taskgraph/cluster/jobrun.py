@@ -1,14 +1,14 @@
 """A graph running on the ranks of a batch job (or an engine's ranks): :class:`Run`.
 
 Made by :meth:`taskgraph.cluster.JobCluster.run`; see :mod:`taskgraph.cluster` for the
-picture. Several runs may be in flight at once. The thread that makes a run posts its
+picture. Several runs may be in flight at once. The thread that makes a run queues its
 communicators there (:class:`~taskgraph.run.comm.RunComms`: every rank makes runs in
-the same order, so every rank pairs up the same ones). The run's own thread waits only
-for the earlier runs still going that write data it uses, or use data it writes
-(:mod:`taskgraph.cluster.overlap`), compiles the graph's kernels, checks that every
-rank built the same graph (:func:`check_same_graph`), then runs this rank's share with
-an :class:`~taskgraph.run.executor.Executor` of its own (its own worker threads and
-receive buffers)::
+the same order, so every rank pairs up the same ones; they are made one at a time).
+The run's own thread waits only for the earlier runs still going that write data it
+uses, or use data it writes (:mod:`taskgraph.cluster.overlap`), compiles the graph's
+kernels, checks that every rank built the same graph (:func:`check_same_graph`), then
+runs this rank's share with an :class:`~taskgraph.run.executor.Executor` of its own
+(its own worker threads and receive buffers)::
 
     queued ──(the earlier runs it overlaps ended)──► running ──► done | failed
       (only while such a run goes on: otherwise it is running at once)
@@ -272,7 +272,7 @@ class Run(RunHandle):
         self._waits_for = self._overlapping()
         if not self._waits_for:
             self._begun.set()  # running from the start: nothing to wait for
-        self._comms = self.world.run_comms()  # here: in the order runs are made
+        self._comms = self.world.run_comms()  # (queued here: in the order runs are made)
         self._pool = cluster.take_pool()
         self._thread = threading.Thread(target=self._main, name="taskgraph-run", daemon=True)
         self._thread.start()

@@ -5,10 +5,12 @@ MPI launcher, or a single rank with no MPI at all (mpi4py is then never imported
 Each run gets a :class:`Network` of its own, on a duplicated communicator, so that a
 failed or cancelled run can never leave a message that a later run matches, and runs
 in flight at once never see each other's messages. Its communicators
-(:class:`RunComms`) are posted (``Idup``) in the thread that makes the run, where every
-rank makes runs in the same order; two run threads that duplicated concurrently would
-pair up their ranks' duplicates in different orders (MPI matches collectives on one
-communicator by the order they are started).
+(:class:`RunComms`) are queued in the thread that makes the run, where every rank makes
+runs in the same order, and duplicated (``Idup``) from that queue one at a time, in its
+order: two run threads that duplicated concurrently would pair up their ranks'
+duplicates in different orders (MPI matches collectives on one communicator by the
+order they are started), and Open MPI 4.1 hung with several ``Idup`` of one
+communicator outstanding (two runs in flight on 3 ranks: 3 of 3 jobs within 6 pairs).
 
 Transfers are non-blocking and buffer-based::
 
@@ -34,7 +36,9 @@ import os
 import pickle
 import socket
 import sys
+import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -283,6 +287,8 @@ class World:
         self.cores = len(affinity.current())  # this rank's, shared with no other rank here
         self.parent_size = 1  # ranks of the job this world is part of
         self.runs = 0  # runs made on this world so far: the same count on every rank
+        self.dup_queue: deque[RunComms] = deque()  # runs whose communicators are not made
+        self.dup_lock = threading.Lock()  # held while the queue's head is duplicated
         if use_mpi:
             if "mpi4py.MPI" not in sys.modules:  # (MPI reads its settings when it starts)
                 enable_single_copy()
@@ -331,6 +337,7 @@ class World:
         part.single_copy, part.bound_cpus = self.single_copy, self.bound_cpus
         part.cores = self.cores
         part.parent_size, part.runs = self.parent_size, 0
+        part.dup_queue, part.dup_lock = deque(), threading.Lock()
         node = sub.Split_type(MPI.COMM_TYPE_SHARED)
         part.local_size = node.Get_size()
         node.Free()
@@ -357,8 +364,8 @@ class World:
         return MPINetwork(self.comm) if self.comm is not None else Network()
 
     def run_comms(self) -> RunComms:
-        """Post a new run's communicators now (see :class:`RunComms`). Collective:
-        every rank calls it once per run, in the order the runs are made."""
+        """Queue a new run's communicators (see :class:`RunComms`). Every rank calls it
+        once per run, in the order the runs are made."""
         return RunComms(self)
 
     def barrier(self, poll_max: float = 1e-3) -> None:
@@ -404,9 +411,10 @@ class World:
 
 
 class RunComms:
-    """One run's own communicators, duplicated from ``world.comm`` without blocking
-    (``Idup``) by the thread that makes the run, in the order runs are made (the same on
-    every rank); the run's thread waits for them (:meth:`ready`), sleeping.
+    """One run's own communicators, duplicated from ``world.comm`` in the order runs are
+    made (the same on every rank): queued when the run is made, then made by the first
+    run thread that needs its own (:meth:`ready`): it makes those queued before them
+    first, each ``Idup`` waited for, sleeping, before the next is posted.
 
     ``net``: the run's messages (:meth:`network`); ``values``: what the ranks share when
     it ends (:func:`taskgraph.cluster.jobrun.share_data`), apart from any other run's
@@ -418,17 +426,23 @@ class RunComms:
         self.world = world
         self.net: Any = None
         self.values: Any = None
-        self._requests: list = []
-        if world.comm is not None:
-            self.net, first = world.comm.Idup()
-            self.values, second = world.comm.Idup()
-            self._requests = [first, second]
+        self._pending = world.comm is not None
+        if self._pending:
+            world.dup_queue.append(self)
 
     def ready(self) -> None:
-        """Wait (sleeping) until every rank has posted this run's communicators."""
-        for request in self._requests:
-            wait_sleeping(request)
-        self._requests = []
+        """Make this run's communicators, and those of the runs queued before it, if not
+        made yet (collective: every rank makes them in the queue's order)."""
+        if not self._pending:
+            return
+        world = self.world
+        with world.dup_lock:
+            while self._pending:
+                head = world.dup_queue[0]
+                head.net = dup_sleeping(world.comm)
+                head.values = dup_sleeping(world.comm)
+                head._pending = False
+                world.dup_queue.popleft()
 
     def network(self) -> Network:
         """The run's network, on ``net``, which it then closes (call :meth:`ready` first)."""
@@ -601,6 +615,13 @@ def _wait_until(reqs: list, deadline: float) -> list[int]:
         sleep = next_sleep(sleep, time.perf_counter() - t0, 1e-3)
         time.sleep(sleep)
     return pending
+
+
+def dup_sleeping(comm) -> Any:
+    """A duplicate of ``comm`` (collective), waited for sleeping, not spinning a core."""
+    new, request = comm.Idup()
+    wait_sleeping(request)
+    return new
 
 
 def wait_sleeping(request, poll_max: float = 1e-3) -> None:
