@@ -242,22 +242,49 @@ def _slow_square(x):
     return x * x
 
 
-def test_a_graphs_futures_of_an_open_run_are_refused_until_it_is_closed():
-    """A @tg.task call's future ends with its run; an open run ends once closed: as
-    tg.as_completed and tg.wait over them waited for ever before it (a trial)."""
+def test_a_graphs_futures_end_with_their_open_run_and_a_wait_says_why_it_goes_on(monkeypatch):
+    """A @tg.task call's future ends with its run; an open run ends once closed: a wait
+    over them before that went on with no word (a trial). It says why; a close from
+    another thread or a failure ends it (a review: refusing at once broke both)."""
+    from taskgraph.cluster import submit
+
     with tg.Graph("open graph") as g:
         fs = [_slow_square(i) for i in range(3)]
     with pytest.raises(tg.GraphError, match=r"tg.as_completed: task _slow_square.* not run yet"):
         tg.as_completed(fs)
     run = tg.Cluster().run(g, open=True)
-    extra = run.submit(abs, -4)
-    for call in (tg.as_completed, tg.wait):
-        with pytest.raises(tg.RunError, match=r"run 'open graph' is open: it ends once closed"):
-            call(fs, timeout=5)
-    assert tg.wait([extra], timeout=5) == [4]  # (its own calls end one by one)
-    run.close()
-    assert sorted(f.result() for f in tg.as_completed(fs, timeout=10)) == [0, 1, 4]
-    assert tg.wait(fs, timeout=10) == [0, 1, 4] and run.state() == "done"
+    assert tg.wait([run.submit(abs, -4)], timeout=5) == [4]  # (its calls end one by one)
+    with pytest.raises(TimeoutError, match=r"run 'open graph' is open: it ends once run.close"):
+        tg.wait(fs, timeout=0.5)
+    monkeypatch.setattr(submit, "NOTE_AFTER", 0.2)
+    threading.Timer(0.6, run.close).start()  # (another thread closes it)
+    with pytest.warns(RuntimeWarning, match=r"still waiting: task _slow_square#0\(0\)"):
+        assert tg.wait(fs, timeout=10) == [0, 1, 4]
+    assert run.state() == "done"
+    with tg.Graph("failing open graph") as g2:
+        bad = _fails_in_a_graph()
+    run2 = tg.Cluster().run(g2, open=True)  # (a failure ends it, not closed)
+    with pytest.raises(tg.TaskError, match="deliberate"):
+        tg.wait([bad], timeout=10)
+    assert run2.state() == "failed"
+
+
+@tg.task
+def _fails_in_a_graph():
+    raise ValueError("deliberate")
+
+
+def test_a_submitted_futures_exception_of_a_cancelled_run_is_its_runerror():
+    """As the notebook's futures give it (a review: the batch ones raised it)."""
+    run = tg.Cluster().run(open=True)
+    slow, fine = run.submit(time.sleep, 2), run.submit(abs, -1)
+    assert fine.exception(timeout=5) is None
+    with pytest.raises(TimeoutError, match="has not ended after 0.1 s"):
+        slow.exception(timeout=0.1)
+    run.cancel("enough")
+    assert isinstance(slow.exception(timeout=10), tg.RunError)
+    with pytest.raises(tg.RunError):
+        run.wait(10)
 
 
 def test_as_completed_yields_in_finishing_order_and_times_out():

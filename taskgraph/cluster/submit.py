@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -47,6 +48,7 @@ from ..run.context import TaskAbandoned
 from ..run.dynamic import FAILED, SpawnFuture
 
 POLL_MIN, POLL_MAX = 0.001, 0.02  # seconds between looks at futures that have not ended
+NOTE_AFTER = 10.0  # seconds before a wait on an open run's task says why it may not end
 
 
 @task
@@ -82,22 +84,28 @@ def _done(fut: Any) -> bool:
     return bool(fut.done())
 
 
-def _refuse_unending(fut: Any, what: str) -> None:
-    """A ``@tg.task`` call's future ends when its graph's run ends: GraphError if the
-    graph never ran, RunError if its run is open and not closed (it ends only once
-    closed: ``tg.as_completed`` over it waited for ever, a trial); nothing otherwise."""
-    if not isinstance(fut, Future) or fut.done():
-        return
-    run, label = fut.graph.last_run, fut.graph.label(fut.id)
-    if run is None:
+def _refuse_unrun(fut: Any, what: str) -> None:
+    """GraphError for a ``@tg.task`` call's future whose graph never ran: it would never
+    end (``tg.as_completed`` waited for ever, a trial)."""
+    if isinstance(fut, Future) and fut.graph.last_run is None:
+        label = fut.graph.label(fut.id)
         raise GraphError(f"{what}: task {label} has not run yet: run the graph first")
-    if getattr(run, "open", False) and not getattr(run, "_closed", True):
-        raise RunError(
-            f"{what}: task {label} has its value when its run ends, and run "
-            f"{fut.graph.name!r} is open: it ends once closed. Call run.close() first "
-            "(the run then ends after its calls), or wait on run.submit's futures, which "
-            "end one by one"
-        )
+
+
+def _open_note(fut: Any) -> str:
+    """Why a ``@tg.task`` call's future has not ended, if its run is open and not closed
+    (it ends with its run, which ends once closed: a wait over it alone waited for ever,
+    a trial); "" otherwise. Not refused: another thread may close the run, or a failure
+    end it."""
+    if not isinstance(fut, Future) or fut.done():
+        return ""
+    run = fut.graph.last_run
+    if not (getattr(run, "open", False) and not getattr(run, "_closed", True)):
+        return ""
+    return (
+        f"task {fut.graph.label(fut.id)} has its value when its run ends, and run "
+        f"{fut.graph.name!r} is open: it ends once run.close() (or run.wait()) is called"
+    )
 
 
 def wait(futures: Iterable[Any], timeout: float | None = None) -> list:
@@ -121,7 +129,7 @@ def wait(futures: Iterable[Any], timeout: float | None = None) -> list:
                 f"tg.wait: item {i} is {type(f).__name__} {f!r:.60}, not a future (tg.spawn "
                 "and run.submit give futures)"
             )
-        _refuse_unending(f, "tg.wait")
+        _refuse_unrun(f, "tg.wait")
     if all(f.__class__ is SpawnFuture for f in futures):
         return dynamic.wait(futures, timeout)
     for f in as_completed(futures, timeout):  # (raises at the first that failed)
@@ -137,16 +145,19 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
     when called (call it again on a new batch). ``timeout``: seconds for all of them,
     then TimeoutError naming how many have not ended. A future that failed is yielded
     too: its ``result()`` raises. A ``@tg.task`` call's future ends when its run does
-    (RunError at once for one of an open run not closed yet: see :func:`_refuse_unending`)."""
+    (GraphError if the graph never ran; a warning after NOTE_AFTER seconds if its run is
+    open and not closed, which it ends only once closed)."""
     futures = list(futures)
     for f in futures:
-        _refuse_unending(f, "tg.as_completed")
+        _refuse_unrun(f, "tg.as_completed")
     return _as_completed(futures, timeout)
 
 
 def _as_completed(futures: list, timeout: float | None) -> Iterator[Any]:
     """:func:`as_completed`, its futures checked."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = None if timeout is None else began + timeout
+    noted = False  # (the warning about an open run's task, once)
     ready: list = []  # ended already, in order: yielded first
     ended: deque = deque()  # (a spawned call is put here as it ends: see SpawnFuture.watch)
     spawned: dict[int, SpawnFuture] = {}  # those not ended, by id, in order
@@ -188,10 +199,16 @@ def _as_completed(futures: list, timeout: float | None) -> Iterator[Any]:
             if deadline is not None and time.monotonic() >= deadline:
                 first = next(iter(spawned.values()), None) or others[0]
                 pending = len(spawned) + len(others)
+                note = next(filter(None, map(_open_note, others)), "")
                 raise TimeoutError(
                     f"{pending} of the futures {'has' if pending == 1 else 'have'} not ended "
-                    f"after {timeout} s (the first: {first!r})"
+                    f"after {timeout} s (the first: {first!r})" + (f": {note}" if note else "")
                 )
+            if not noted and others and time.monotonic() - began >= NOTE_AFTER:
+                noted = True
+                note = next(filter(None, map(_open_note, others)), "")
+                if note:
+                    warnings.warn(f"still waiting: {note}", RuntimeWarning, stacklevel=2)
             pause = sleep if deadline is None else min(sleep, max(0.0, deadline - time.monotonic()))
             helping = None
             if mine is not None:

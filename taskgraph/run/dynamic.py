@@ -420,16 +420,17 @@ class SpawnFuture(Frame):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The call's error once it ended (the :class:`SpawnedTaskError` that
-        ``result()`` raises, or a skipped call's TaskSkipped), None if it ended well;
-        waits as ``result()`` does, and raises as it does when the run stops or the
-        time runs out (as ``concurrent.futures`` and Dask futures do)."""
-        if self.state < DONE:
-            self.owner.wait_for(self, past(timeout))
-            if self.state < DONE:
-                raise TimeoutError(f"{self.label()} has not ended after {timeout} s")
+        ``result()`` raises, a skipped call's TaskSkipped, or the RunError of a run that
+        stopped first, as the notebook's futures give), None if it ended well; waits as
+        ``result()`` does, TimeoutError after ``timeout`` seconds (as
+        ``concurrent.futures`` and Dask futures do)."""
         try:
+            if self.state < DONE:
+                self.owner.wait_for(self, past(timeout))
+                if self.state < DONE:
+                    raise TimeoutError(f"{self.label()} has not ended after {timeout} s")
             self.result()
-        except TaskError as exc:  # (an Unwind or a RunError goes on up)
+        except (TaskError, RunError) as exc:  # (an Unwind goes on up)
             return exc
         return None
 
