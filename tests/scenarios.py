@@ -139,8 +139,9 @@ def spawned_calls_are_stolen_and_their_errors_caught():
 
 @scenario
 def pairs_of_runs_in_flight_one_after_another():
-    """Two runs in flight, eight times over in one job: Open MPI 4.1 hung within 1-6
-    pairs while four communicator duplications were outstanding at once (a review)."""
+    """Two runs in flight, eight times over in one job, with a barrier and an allgather
+    of the cluster's beside them: Open MPI 4.1 hung within 1-6 pairs while four
+    communicator duplications were outstanding at once (a review)."""
     c = cluster()
     for i in range(8):
         with tg.Graph(f"a{i}") as ga:
@@ -148,6 +149,9 @@ def pairs_of_runs_in_flight_one_after_another():
         with tg.Graph(f"b{i}") as gb:
             b = tg.task(abs)(-i)
         ra, rb = c.run(ga), c.run(gb)
+        c.barrier()
+        if c.world is not None:
+            assert c.world.allgather(i) == [i] * c.size
         rb.wait(60)
         ra.wait(60)
         assert (a.result(), b.result()) == (144, i), (a.result(), b.result())

@@ -31,6 +31,7 @@ progress thread, or an idle worker polling), so MPI must provide at least
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -368,16 +370,43 @@ class World:
         once per run, in the order the runs are made."""
         return RunComms(self)
 
+    def make_queued(self, until: RunComms | None = None) -> None:
+        """Duplicate the communicators of the runs queued (:class:`RunComms`), in order,
+        up to ``until`` (all: None). Lock ``dup_lock`` held; collective."""
+        queue = self.dup_queue
+        while queue and (until is None or until._pending):
+            head = queue[0]
+            head.net = dup_sleeping(self.comm)
+            head.values = dup_sleeping(self.comm)
+            head._pending = False
+            queue.popleft()
+
+    @contextlib.contextmanager
+    def settled(self) -> Iterator[None]:
+        """No duplication of this world's communicator under way meanwhile (those
+        queued are made first, in order): a collective on it beside an ``Idup`` hung
+        Open MPI 4.1 (see :class:`RunComms`)."""
+        with self.dup_lock:
+            self.make_queued()
+            yield
+
     def barrier(self, poll_max: float = 1e-3) -> None:
         """A barrier that sleeps while it waits (MPI_Barrier would spin on a core)."""
         if self.comm is not None:
-            wait_sleeping(self.comm.Ibarrier(), poll_max)
+            with self.settled():
+                wait_sleeping(self.comm.Ibarrier(), poll_max)
 
     def bcast(self, obj, root: int = 0):
-        return self.comm.bcast(obj, root) if self.comm is not None else obj
+        if self.comm is None:
+            return obj
+        with self.settled():
+            return self.comm.bcast(obj, root)
 
     def allgather(self, obj) -> list:
-        return self.comm.allgather(obj) if self.comm is not None else [obj]
+        if self.comm is None:
+            return [obj]
+        with self.settled():
+            return self.comm.allgather(obj)
 
     def gather_tiles(self, matrix, out: np.ndarray | None, root: int | None) -> None:
         """Copy every tile of ``matrix`` into ``out`` on root (every rank if None)."""
@@ -435,14 +464,8 @@ class RunComms:
         made yet (collective: every rank makes them in the queue's order)."""
         if not self._pending:
             return
-        world = self.world
-        with world.dup_lock:
-            while self._pending:
-                head = world.dup_queue[0]
-                head.net = dup_sleeping(world.comm)
-                head.values = dup_sleeping(world.comm)
-                head._pending = False
-                world.dup_queue.popleft()
+        with self.world.dup_lock:
+            self.world.make_queued(until=self)
 
     def network(self) -> Network:
         """The run's network, on ``net``, which it then closes (call :meth:`ready` first)."""
