@@ -96,7 +96,7 @@ while not got or got[-1] != b"stop":
     payload = peer.claim(need=-1, thief=1)
     if payload is not None:
         got.append(payload)
-print(" ".join(p.decode() for p in got[:-1]))
+print(" ".join(p.decode() for p in got[1:-1]))  # (the first: the owner's "ready")
 """
 
 
@@ -112,6 +112,12 @@ def test_a_call_raced_for_by_its_owner_and_a_thief_runs_exactly_once(tmp_path):
         [sys.executable, str(script), own.path], stdout=subprocess.PIPE, text=True
     )
     try:
+        own.publish(0, -2, 1, b"ready")  # (the race starts once the thief takes: a thief
+        deadline = time.monotonic() + 30  # slow to start under load took none, once)
+        while not own.changed():
+            assert time.monotonic() < deadline and proc.poll() is None, "no thief"
+            time.sleep(0.001)
+        own.collect()
         laid, kept = set(), set()
         for key in range(2000):
             if own.changed():

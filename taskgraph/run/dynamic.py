@@ -422,7 +422,7 @@ class SpawnFuture(Frame):
         """The call's error once it ended (the :class:`SpawnedTaskError` that
         ``result()`` raises, a skipped call's TaskSkipped, or the RunError of a run that
         stopped first, as the notebook's futures give), None if it ended well; waits as
-        ``result()`` does, TimeoutError after ``timeout`` seconds (as
+        ``result()`` does: TimeoutError after ``timeout`` seconds (as
         ``concurrent.futures`` and Dask futures do)."""
         try:
             if self.state < DONE:
