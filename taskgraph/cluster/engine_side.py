@@ -169,8 +169,9 @@ def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) ->
     ``payload``: the pickled (plan, workers, blas_threads, trace, task_timeout, open,
     options).
 
-    The run's communicators are posted here, in the engine's main thread, which takes
-    requests in the order the notebook sent them (the same on every engine). A thread
+    The run's communicators are queued here, in the engine's main thread, which takes
+    requests in the order the notebook sent them (the same on every engine), and made
+    in that order (see :class:`~taskgraph.run.comm.RunComms`). A thread
     then publishes the run's heartbeat and batches under this request, and at the end
     its summary (``{"summary": ...}``, see :func:`_summary`)."""
     for uid in forget:
