@@ -253,6 +253,7 @@ def test_a_graphs_futures_end_with_their_open_run_and_a_wait_says_why_it_goes_on
     with pytest.raises(tg.GraphError, match=r"tg.as_completed: task _slow_square.* not run yet"):
         tg.as_completed(fs)
     run = tg.Cluster().run(g, open=True)
+    assert not run.closed
     assert tg.wait([run.submit(abs, -4)], timeout=5) == [4]  # (its calls end one by one)
     with pytest.raises(TimeoutError, match=r"run 'open graph' is open: it ends once run.close"):
         tg.wait(fs, timeout=0.5)
@@ -260,7 +261,7 @@ def test_a_graphs_futures_end_with_their_open_run_and_a_wait_says_why_it_goes_on
     threading.Timer(0.6, run.close).start()  # (another thread closes it)
     with pytest.warns(RuntimeWarning, match=r"still waiting: task _slow_square#0\(0\)"):
         assert tg.wait(fs, timeout=10) == [0, 1, 4]
-    assert run.state() == "done"
+    assert run.state() == "done" and run.closed
     with tg.Graph("failing open graph") as g2:
         bad = _fails_in_a_graph()
     run2 = tg.Cluster().run(g2, open=True)  # (a failure ends it, not closed)
@@ -337,6 +338,7 @@ def _stuck(x):
 @pytest.mark.timeout(120)
 def test_an_adaptive_ensemble_submits_from_the_notebook_to_engines(engines):
     run = engines.run(open=True)
+    assert not run.closed
     first = [run.submit(_square, i) for i in range(12)]
     assert {f.rank for f in first} == {0, 1}  # round-robin
     second = [run.submit(_inc, f.result()) for f in tg.as_completed(first, timeout=30)]
@@ -356,7 +358,7 @@ def test_an_adaptive_ensemble_submits_from_the_notebook_to_engines(engines):
     with pytest.raises(tg.TaskError, match=r"_bad\(8\) on rank"):
         tg.wait([run.submit(_square, 2), run.submit(_bad, 8)], timeout=30)
     run.wait(30)
-    assert run.stats.spawned == 32
+    assert run.stats.spawned == 32 and run.closed
     assert run.progress() == (0, 0)  # (the runtime's hidden task is not counted)
     with pytest.raises(tg.RunError, match="has ended"):
         run.submit(_square, 1)

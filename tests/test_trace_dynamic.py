@@ -236,3 +236,23 @@ def test_pushed_calls_count_apart_from_steals_and_their_latency():
     old = trace.to_dict()
     old["steals"] = [row[:5] for row in old["steals"]]  # a file written before pushes
     assert Trace.from_dict(json.loads(json.dumps(old))).dynamic()["steals"] == 3
+
+
+def test_an_open_runs_view_counts_its_calls_not_the_runtimes_start_task():
+    """A run of submitted calls only has one task of the runtime's: the live view read
+    1/1 tasks and drew it in a lane (a session's note); now only the calls show."""
+    from taskgraph.trace.widgets import RunView
+
+    run = tg.current_cluster().run(open=True)
+    view = RunView(run, interval=0.05)
+    assert tg.wait([run.submit(abs, -i) for i in range(5)], timeout=30) == list(range(5))
+    assert view.state["status"] == "running" and view.state["progress"]["total"] == 0
+    run.wait(30)
+    view.wait(10)
+    state = view.state
+    assert (state["progress"]["done"], state["progress"]["total"]) == (0, 0)
+    assert state["status"] == "done" and state["dynamic"]["spawned"] == 5
+    assert state["kernels"] == [] and run.trace.tasks == [] and len(run.trace.spawned) == 5
+    empty = tg.current_cluster().run(open=True)
+    empty.close()
+    assert empty.wait(30).trace.status == "done"  # (not "running" for ever, nor "empty")

@@ -41,6 +41,8 @@ class RunHandle:
     """
 
     where = "ranks"  # what __repr__ calls the cluster's members
+    open = False  # made with ``open=True``: takes ``submit`` calls until closed
+    _closed = True  # (a subclass's open run: False until close())
 
     def __init__(self, cluster: Any, graph: Graph, plan: Plan | None = None):
         self.cluster = cluster
@@ -59,6 +61,13 @@ class RunHandle:
         self.graph.last_run = self
 
     # -- state -----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``submit`` takes no more calls: a run not made with ``open=True``, or
+        an open one once ``close()`` (or ``wait()``) was called; it then ends once its
+        tasks and calls have."""
+        return not self.open or self._closed
 
     def done(self) -> bool:
         """Whether the run has ended (done or failed) on every rank."""

@@ -100,7 +100,7 @@ def _open_note(fut: Any) -> str:
     if not isinstance(fut, Future) or fut.done():
         return ""
     run = fut.graph.last_run
-    if not (getattr(run, "open", False) and not getattr(run, "_closed", True)):
+    if getattr(run, "closed", True):
         return ""
     return (
         f"task {fut.graph.label(fut.id)} has its value when its run ends, and run "
@@ -132,7 +132,7 @@ def wait(futures: Iterable[Any], timeout: float | None = None) -> list:
         _refuse_unrun(f, "tg.wait")
     if all(f.__class__ is SpawnFuture for f in futures):
         return dynamic.wait(futures, timeout)
-    for f in as_completed(futures, timeout):  # (raises at the first that failed)
+    for f in _as_completed(futures, timeout):  # (checked above; raises at the first that failed)
         f.result()
     return [f.result() for f in futures]
 

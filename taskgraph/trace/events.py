@@ -109,10 +109,18 @@ class Trace:
         self.ranks_seen: set[int] = set()  # ranks whose batches were ingested
         # a batch run's: rank 0 wrote a file, or another rank waits for it (cluster.Run)
         self.file_sync: Any = None  # called with a path
+        self.runtime_graph = False  # its tasks are the runtime's: their rows are left out
 
     @classmethod
     def for_graph(cls, graph, nranks: int) -> Trace:
-        """An empty trace for a run of ``graph`` on ``nranks`` ranks, labelled from it."""
+        """An empty trace for a run of ``graph`` on ``nranks`` ranks, labelled from it.
+        A graph of the runtime's own (``cluster.run(open=True)`` without one) shows no
+        task: its calls are the run (its start task read 1/1 in the live view)."""
+        if graph.internal:
+            trace = cls(graph.name, nranks, [], [], [])
+            trace.runtime_graph = True
+            trace.status = "running"
+            return trace
         kernels: dict[str, int] = {}
         kernel_of = [kernels.setdefault(t.name, len(kernels)) for t in graph.tasks]
         labels = [graph.label(t.id) for t in graph.tasks]
@@ -138,6 +146,8 @@ class Trace:
         ev = batch["events"]["tasks"]
         rows = []
         for tid, w, s, e, st in zip(ev["id"], ev["worker"], ev["start"], ev["end"], ev["state"]):
+            if self.runtime_graph:
+                continue
             k = self.kernel_of[tid]
             rows.append([rank, w, s + shift, e + shift, k, tid, st])
             if st == TASK_DONE:
@@ -251,7 +261,7 @@ class Trace:
         """The run ended (well, or with ``error``): settle status and critical path."""
         if error is not None:
             self.status, self.error = "failed", error
-        elif self.labels or self.spawned or self.attempt_rows:
+        elif self.labels or self.spawned or self.attempt_rows or self.runtime_graph:
             self.status = "done"
         self.critical = self._critical_path()
 
