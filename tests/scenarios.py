@@ -141,14 +141,24 @@ def spawned_calls_are_stolen_and_their_errors_caught():
 def pairs_of_runs_in_flight_one_after_another():
     """Two runs in flight, eight times over in one job, with a barrier and an allgather
     of the cluster's beside them: Open MPI 4.1 hung within 1-6 pairs while four
-    communicator duplications were outstanding at once (a review)."""
+    communicator duplications were outstanding at once (a review). The script's own
+    mpi4py collectives on COMM_WORLD beside them hung it too (2 of 3 jobs): taskgraph
+    now duplicates COMM_WORLD for its own."""
     c = cluster()
+    user = None
+    if c.world is not None and c.world.comm is not None:
+        from mpi4py import MPI
+
+        user = MPI.COMM_WORLD
     for i in range(8):
         with tg.Graph(f"a{i}") as ga:
             a = tg.task(_fib_spawned)(12)
         with tg.Graph(f"b{i}") as gb:
             b = tg.task(abs)(-i)
         ra, rb = c.run(ga), c.run(gb)
+        if user is not None:
+            assert user.allreduce(i) == i * user.size and user.bcast(i) == i
+            user.Barrier()
         c.barrier()
         if c.world is not None:
             assert c.world.allgather(i) == [i] * c.size

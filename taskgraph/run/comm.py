@@ -1,7 +1,10 @@
 """Communication: the only module that imports mpi4py.
 
 :class:`World` is the set of ranks this process belongs to: ``COMM_WORLD`` under an
-MPI launcher, or a single rank with no MPI at all (mpi4py is then never imported).
+MPI launcher, or a single rank with no MPI at all (mpi4py is then never imported). Its
+communicator is taskgraph's own duplicate of ``COMM_WORLD``: a script's own collectives
+on ``COMM_WORLD``, beside a run thread's ``Idup``, hung Open MPI 4.1 (3 ranks, 2 jobs of
+3), as collectives of two threads on one communicator may.
 Each run gets a :class:`Network` of its own, on a duplicated communicator, so that a
 failed or cancelled run can never leave a message that a later run matches, and runs
 in flight at once never see each other's messages. Its communicators
@@ -272,7 +275,8 @@ def install_abort_hook(comm, rank: int, size: int) -> None:
 
 
 class World:
-    """The ranks of this job: COMM_WORLD under MPI, or one rank without MPI.
+    """The ranks of this job: a duplicate of COMM_WORLD under MPI (``comm``: the user's
+    own COMM_WORLD stays theirs), or one rank without MPI.
 
     ``values`` is a duplicate of ``comm`` kept for sharing single values after a run
     (:func:`share_value`), apart from the runs' own communicators and the user's.
@@ -302,7 +306,7 @@ class World:
                     "needs MPI_THREAD_SERIALIZED or more; this MPI library granted "
                     f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level"
                 )
-            self.comm = MPI.COMM_WORLD
+            self.comm = MPI.COMM_WORLD.Dup()  # (taskgraph's own: see the module's doc)
             # large messages between ranks on one node in one copy (an MPICH setting;
             # Open MPI's shared-memory transport does that by itself where it can)
             self.single_copy = "MPICH" in MPI.Get_library_version() and any(
