@@ -257,6 +257,39 @@ def test_double_cancel_is_one_run_error_and_the_run_stops(cluster):
     assert np.all(B2.gather() == 1.0)
 
 
+SLOW_TO_MAKE_RUNS = """
+from taskgraph.cluster import engine_side as _es
+import time as _time
+_es._made_quickly = getattr(_es, "_made_quickly", _es._publisher)
+def _slowly(made=_es._made_quickly):
+    _time.sleep({seconds})
+    return made()
+_es._publisher = _slowly if {seconds} else _es._made_quickly
+"""  # (on each engine: each run takes that much longer to make, from now on)
+
+
+def test_a_sigint_while_an_engine_makes_a_run_cancels_it_on_every_engine(cluster):
+    """A SIGINT that lands while one engine makes a run (ipykernel raises it in the
+    request going on) left the run unmade there and the other engine's run waiting for
+    its communicators for ever (the double-cancel test failed so once, under load): the
+    run is made, then cancelled. (Before: a CompositeError, and the next run hung.)"""
+    cluster.client[:].execute(SLOW_TO_MAKE_RUNS.format(seconds=1.5), block=True)
+    try:
+        g, _ = naps(cluster, 200)  # 20 s
+        run = cluster.run(g)
+        time.sleep(0.5)  # (each engine is making it)
+        cluster.client.send_signal(signal.SIGINT, targets=cluster.engine_ids[:1])
+        t0 = time.monotonic()
+        with pytest.raises(tg.RunError, match="interrupted"):
+            run.wait(timeout=30)
+        assert time.monotonic() - t0 < 10
+    finally:
+        cluster.client[:].execute(SLOW_TO_MAKE_RUNS.format(seconds=0), block=True)
+    g2, B2 = naps(cluster, 1)
+    cluster.run(g2).wait(60)
+    assert np.all(B2.gather() == 1.0)
+
+
 @tg.task
 def doze(seconds: float) -> float:
     time.sleep(seconds)

@@ -31,13 +31,16 @@ traceback and MPI_Abort that a SIGTERM brings.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import cloudpickle
 
@@ -171,9 +174,36 @@ def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) ->
 
     The run's communicators are queued here, in the engine's main thread, which takes
     requests in the order the notebook sent them (the same on every engine), and made
-    in that order (see :class:`~taskgraph.run.comm.RunComms`). A thread
+    in that order (see :class:`~taskgraph.run.comm.RunComms`); a SIGINT meanwhile is
+    held until the run is made, then cancels it (:func:`_sigint_held`). A thread
     then publishes the run's heartbeat and batches under this request, and at the end
     its summary (``{"summary": ...}``, see :func:`_summary`)."""
+    with _sigint_held() as interrupted:
+        run = _make_run(payload, run_id, forget, interval)
+    if interrupted:
+        run.cancel("interrupted (SIGINT) on this engine as the run was made")
+    return {"rank": current_cluster().rank}
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[list]:
+    """Hold SIGINT off (ipykernel raises KeyboardInterrupt in the request going on):
+    one that landed while an engine made a run left it unmade there, and the other
+    engines' run waiting for its communicators, and every later run behind it, for
+    ever. Yields a list that holds the signals that came meanwhile."""
+    came: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _make_run(payload: bytes, run_id: str, forget, interval: float):
+    """:func:`run_graph`'s run, made, kept and watched."""
     for uid in forget:
         forget_matrix(uid)
     plan, workers, blas_threads, trace, task_timeout, open, options = cloudpickle.loads(payload)
@@ -201,7 +231,7 @@ def run_graph(payload: bytes, run_id: str, forget=(), interval: float = 0.25) ->
         daemon=True,
     )
     watcher.start()
-    return {"rank": cluster.rank}
+    return run
 
 
 def cancel_run(run_id: str, reason: str = "interrupted from the notebook") -> bool:
