@@ -256,3 +256,34 @@ def test_an_open_runs_view_counts_its_calls_not_the_runtimes_start_task():
     empty = tg.current_cluster().run(open=True)
     empty.close()
     assert empty.wait(30).trace.status == "done"  # (not "running" for ever, nor "empty")
+
+
+@tg.task
+def _root_fails_after_spawning(n: int) -> int:
+    futs = [tg.spawn(plain, i) for i in range(n)]
+    tg.wait(futs)
+    raise ValueError("the root fails")
+
+
+def test_a_run_where_no_task_ended_well_has_a_trace_and_its_view_says_failed(tmp_path):
+    """A failed one-root dynamic run (no graph task done) raised ValueError from the
+    critical path in run.trace; the live view's thread died and stayed "running" (a
+    trial): now its trace says failed, with no critical path, and so does the view."""
+    from taskgraph.trace.widgets import RunView
+
+    with tg.Graph("root fails") as g:
+        _root_fails_after_spawning(4)
+    run = tg.current_cluster().run(g)
+    view = RunView(run, interval=0.05)
+    with pytest.raises(tg.TaskError, match="the root fails"):
+        run.wait(30)
+    trace = run.trace
+    assert trace.status == "failed" and trace.critical["tasks"] == []
+    assert len(trace.spawned) == 4 and len(trace.tasks) == 1
+    view.wait(10)
+    assert view.state["status"] == "failed" and "the root fails" in view.state["error"]
+    files = [
+        Path(p) for p in (trace.to_chrome(tmp_path / "t.json"), trace.to_html(tmp_path / "t.html"))
+    ]
+    assert all(p.stat().st_size > 0 for p in files)
+    assert Trace.load(files[0]).status == "failed"

@@ -270,6 +270,8 @@ class Trace:
         if not self.tasks or self.preds is None:
             return {"length": 0.0, "makespan": makespan, "tasks": []}
         dur = {row[5]: row[3] - row[2] for row in self.tasks if row[6] == TASK_DONE}
+        if not dur:  # (no task ended well: a failed or cancelled run's first tasks)
+            return {"length": 0.0, "makespan": makespan, "tasks": []}
         best: dict[int, float] = {}
         via: dict[int, int] = {}
         preds = self.preds

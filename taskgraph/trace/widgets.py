@@ -111,8 +111,12 @@ class RunView(anywidget.AnyWidget):
             final = self.run.trace
         except Exception as exc:  # noqa: BLE001 - the view must survive anything
             with self._lock:
-                self.trace.finish(f"{type(exc).__name__}: {exc}")
-                self.state = self.trace.state()
+                error = f"{type(exc).__name__}: {exc}"
+                try:
+                    self.trace.finish(error)
+                    self.state = self.trace.state()
+                except Exception:  # noqa: BLE001 - (then say only how it ended)
+                    self.state = {**self.state, "status": "failed", "error": error}
             return
         with self._lock:
             complete = all(
