@@ -306,6 +306,11 @@ def test_a_killed_engine_is_reported_then_restart_works(fresh_cluster):
         run.wait(timeout=60)
     assert time.monotonic() - t0 < 30
     assert not c.alive()
+    # (then a run, or a matrix, named what is lost: ipyparallel raised KeyError, a trial)
+    with pytest.raises(tg.RunError, match="rank 1 .*cluster.restart"):
+        c.run(open=True)
+    with pytest.raises(tg.RunError, match="MPI world is broken"):
+        tg.TiledMatrix.zeros(4, 2, cluster=c)
     c.restart()
     assert c.alive() and c.infos[1]["pid"] != old
     A = tg.TiledMatrix.random_spd(512, 128, cluster=c)

@@ -364,6 +364,7 @@ class EngineCluster(Cluster, kind="engines"):
     def build_matrix(self, matrix, fill) -> None:
         """Make ``matrix``'s tiles on the engines that own them, filled by
         ``fill(i, j, shape)`` (as made if None); they are dropped when ``matrix`` is freed."""
+        self._engines_here()
         payload = pickling.dumps(fill) if fill is not None else None
         self._wait(self.view.apply_async(engine_side.build_matrix, matrix.spec(), payload))
         matrix.generation = self.generation
@@ -371,6 +372,7 @@ class EngineCluster(Cluster, kind="engines"):
 
     def scatter_matrix(self, matrix, array: np.ndarray) -> None:
         """Send each engine only the tiles its rank owns."""
+        self._engines_here()
         per_rank: list[dict] = [{} for _ in range(self.size)]
         for i, j in matrix.indices():
             per_rank[matrix.owner(i, j)][i, j] = np.asfortranarray(matrix.block(array, i, j))
@@ -385,6 +387,7 @@ class EngineCluster(Cluster, kind="engines"):
         """Copy every tile of ``matrix`` from its engine into ``out`` here (``root`` is
         not used: the notebook's process gathers)."""
         self._check_current(matrix)
+        self._engines_here()
         for part in self._wait(self.view.apply_async(engine_side.get_tiles, matrix.uid)):
             for (i, j), arr in part.items():
                 matrix.block(out, i, j)[...] = arr
@@ -406,6 +409,14 @@ class EngineCluster(Cluster, kind="engines"):
                 raise TimeoutError(f"no answer from the engines within {timeout} s")
         return ar.get()
 
+    def _engines_here(self) -> None:
+        """RunError, naming what is gone, if the cluster is closed or lost an engine
+        (ipyparallel's own error was a bare KeyError of the engine's id: a trial)."""
+        if self.client is None:
+            raise RunError("the cluster is closed")
+        if not self.alive():
+            raise RunError(self._dead_message())
+
     def _dead_message(self) -> str:
         live = set(self.client.ids) if self.client is not None else set()
         dead = [
@@ -420,11 +431,13 @@ class EngineCluster(Cluster, kind="engines"):
 
     def compile(self, dtypes=("float64", "float32")) -> float:
         """Compile the built-in kernels on every engine now; the slowest engine's seconds."""
+        self._engines_here()
         return max(self._wait(self.view.apply_async(engine_side.compile_kernels, dtypes)))
 
     def cholesky_tile(self, n: int, dtype="float64"):
         """See :meth:`Cluster.cholesky_tile` (order ``n``, ``dtype``): measured on the
         engine of rank 0."""
+        self._engines_here()
         first = self.client[self.engine_ids[0]]
         return self._wait(
             first.apply_async(engine_side.cholesky_tile, n, self.workers, str(np.dtype(dtype)))
@@ -434,6 +447,7 @@ class EngineCluster(Cluster, kind="engines"):
         """The value of ``task`` of run ``run_id`` from the engine of ``rank``: as
         ipyparallel sends it, else, where its plain pickle failed (a closure inside it),
         by value (cloudpickle) in a second request."""
+        self._engines_here()
         engine = self.client[self.engine_ids[rank]]
         try:
             return self._wait(engine.apply_async(engine_side.result, run_id, task))
@@ -483,8 +497,7 @@ class EngineCluster(Cluster, kind="engines"):
             launch_rate=launch_rate,
             max_launching=max_launching,
         )
-        if self.client is None:
-            raise RunError("the cluster is closed")
+        self._engines_here()
         if self._stuck is not None:
             raise RunError(f"{self._stuck}; cluster.restart() starts fresh engines")
         for m in graph.matrices():
