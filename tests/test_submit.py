@@ -336,6 +336,30 @@ def _stuck(x):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["as_completed", "result"])
+def test_ctrl_c_while_the_notebook_waits_for_submitted_calls_cancels_their_run(engines, how):
+    """As in run.wait(): interrupting tg.as_completed or fut.result() in the notebook left
+    the engines running the calls, with no one waiting (a trial, 2 of 2)."""
+    import _thread
+
+    run = engines.run(open=True)
+    futs = [run.submit(time.sleep, 30) for _ in range(2)]
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        if how == "as_completed":
+            list(tg.as_completed(futs))
+        else:
+            futs[0].result()
+    with pytest.raises(tg.RunError, match=r"interrupted \(KeyboardInterrupt\)"):
+        run.wait(20)
+    assert time.monotonic() - t0 < 15
+    assert all(isinstance(f.exception(5), tg.RunError) for f in futs)
+    nxt = engines.run(open=True)
+    assert nxt.submit(_square, 3).result(30) == 9 and nxt.wait(30).state() == "done"
+
+
+@pytest.mark.timeout(120)
 def test_an_adaptive_ensemble_submits_from_the_notebook_to_engines(engines):
     run = engines.run(open=True)
     assert not run.closed

@@ -31,6 +31,7 @@ yields futures of either kind as they end.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -82,6 +83,28 @@ def run_request(graph: Graph | None, open: bool, **options: Any) -> tuple[Graph,
 
 def _done(fut: Any) -> bool:
     return bool(fut.done())
+
+
+@contextlib.contextmanager
+def cancelled_if_interrupted(futures: Iterable[Any]) -> Iterator[None]:
+    """Ctrl-C (KeyboardInterrupt) while the notebook waits for ``futures`` cancels their
+    runs, as it does in ``run.wait()``, and is raised: the engines ran on with no one
+    waiting (a trial). Only the notebook's futures (EngineFutures, and ``@tg.task``
+    calls' of a run on engines): a task's waits are not interrupted so, and a batch
+    job's Ctrl-C reaches every rank's ``run.wait()``."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        runs = {}
+        for f in futures:
+            run = f.run if isinstance(f, EngineFuture) else None
+            if isinstance(f, Future):
+                run = f.graph.last_run
+            if getattr(run, "where", None) == "engines":
+                runs[id(run)] = run
+        for run in runs.values():
+            run.cancel("interrupted (KeyboardInterrupt)")
+        raise
 
 
 def _refuse_unrun(fut: Any, what: str) -> None:
@@ -154,7 +177,14 @@ def as_completed(futures: Iterable[Any], timeout: float | None = None) -> Iterat
 
 
 def _as_completed(futures: list, timeout: float | None) -> Iterator[Any]:
-    """:func:`as_completed`, its futures checked."""
+    """:func:`as_completed`, its futures checked; Ctrl-C while it waits cancels the
+    notebook's runs of them (:func:`cancelled_if_interrupted`)."""
+    with cancelled_if_interrupted(futures):
+        yield from _yield_as_completed(futures, timeout)
+
+
+def _yield_as_completed(futures: list, timeout: float | None) -> Iterator[Any]:
+    """:func:`_as_completed`'s loop."""
     began = time.monotonic()
     deadline = None if timeout is None else began + timeout
     noted = False  # (the warning about an open run's task, once)
@@ -280,13 +310,15 @@ class EngineFuture:
     def _wait(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         sleep = POLL_MIN
-        while not self.done():
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"{self.label} (run {self.run.graph.name!r}) has not ended after {timeout} s"
-                )
-            time.sleep(sleep)
-            sleep = min(POLL_MAX, sleep * 2)
+        with cancelled_if_interrupted([self]):
+            while not self.done():
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"{self.label} (run {self.run.graph.name!r}) has not ended after "
+                        f"{timeout} s"
+                    )
+                time.sleep(sleep)
+                sleep = min(POLL_MAX, sleep * 2)
 
     def _end(self, value: Any, error: BaseException | None) -> None:
         with self._lock:
