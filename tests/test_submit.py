@@ -335,6 +335,41 @@ def _stuck(x):
 
 
 @pytest.mark.mpi
+def _napping_tree(depth: int) -> int:
+    """2**depth naps of 0.2 s, spawned and waited for."""
+    if depth == 0:
+        time.sleep(0.2)
+        return 1
+    kids = [tg.spawn(_napping_tree, depth - 1) for _ in range(2)]
+    return sum(k.result() for k in kids)
+
+
+def _every_future_gives_the_cancel(cluster) -> None:
+    run = cluster.run(open=True)
+    futs = [run.submit(_napping_tree, 4) for _ in range(4)]
+    time.sleep(0.6)  # (calls are waiting for their children)
+    run.cancel("stop it")
+    errors = [f.exception(30) for f in futs]
+    assert all(isinstance(e, tg.RunError) for e in errors), [type(e) for e in errors]
+    with pytest.raises(tg.RunError, match="stop it"):
+        run.wait(30)
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_gives_every_submitted_call_a_runerror_in_process():
+    """A call whose wait the cancel stopped failed as SpawnedTaskError(RunError), which
+    ``except tg.RunError`` missed, beside the RunError of the others (a trial: one
+    call a cancel, 4 of 5)."""
+    for _ in range(3):
+        _every_future_gives_the_cancel(tg.Cluster(workers=2))
+
+
+@pytest.mark.timeout(120)
+def test_a_cancel_gives_every_submitted_call_a_runerror_on_engines(engines):
+    for _ in range(3):
+        _every_future_gives_the_cancel(engines)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["as_completed", "result"])
 def test_ctrl_c_while_the_notebook_waits_for_submitted_calls_cancels_their_run(engines, how):

@@ -549,10 +549,13 @@ class Inbox:
 
 
 def _stopped(fut: Any) -> bool:
-    """Whether a call failed because its run stopped under it (TaskAbandoned: a
-    SystemExit of its own is its failure, published as any other)."""
+    """Whether a call failed because its run stopped under it (TaskAbandoned, or a
+    wait's RunError: see SpawnFuture.stopped_under; a SystemExit of its own is its
+    failure, published as any other)."""
     if fut.state != FAILED:
         return False
+    if isinstance(fut, SpawnFuture) and fut.stopped_under():
+        return True
     if fut.exc is not None:
         return isinstance(fut.exc, TaskAbandoned)
     return fut.failure is not None and str(fut.failure[4]).startswith("TaskAbandoned")

@@ -413,6 +413,12 @@ class SpawnFuture(Frame):
                 if ctx is not None and ctx[2]:
                     raise unwind_now(ctx[2][-1])
                 raise Unwind(f"{self.label()} was dropped")
+            if self.stopped_under():
+                net = self.owner.net
+                raise RunError(
+                    f"run {self.owner.graph.name!r} stopped on rank {net.rank}/{net.size} "
+                    f"while {self.label()} ran"
+                ) from self.error()
             raise self.error()
         if self.value.__class__ is attempts.Skipped:  # (on_failure="skip")
             raise self.value.exception(self.owner.net.host)
@@ -433,6 +439,16 @@ class SpawnFuture(Frame):
         except (TaskError, RunError) as exc:  # (an Unwind goes on up)
             return exc
         return None
+
+    def stopped_under(self) -> bool:
+        """Whether the call failed because its run stopped under it: a wait in it (or in
+        a call below it) raised the run's RunError. Its future then gives that, not a
+        SpawnedTaskError a ``except tg.RunError`` misses (one call a cancel, a trial)."""
+        if self.state != FAILED or not self.owner.stopping:
+            return False
+        if self.exc is not None:
+            return isinstance(root_cause(self.exc), RunError)
+        return self.failure is not None and str(self.failure[4]).startswith("RunError")
 
     def error(self) -> SpawnedTaskError:
         """The error to raise for a failed call, caused by its exception (see
