@@ -479,7 +479,9 @@ class EngineRun(RunHandle):
 
     @property
     def trace(self) -> Trace:
-        """Every rank's events of this run, merged (waits for the run to end)."""
+        """Every rank's events of this run, merged (waits for the run to end; an open
+        run is closed first, with a warning)."""
+        self._close_to_read("trace")
         if self._trace is None:
             error = None
             try:

@@ -14,6 +14,7 @@ engine and in the notebook by the time ``wait()`` returns (:mod:`taskgraph.dsl.d
 from __future__ import annotations
 
 import html
+import warnings
 from typing import Any
 
 from ..core.errors import GraphError, RunError
@@ -61,6 +62,21 @@ class RunHandle:
         self.graph.last_run = self
 
     # -- state -----------------------------------------------------------------------
+
+    def _close_to_read(self, what: str) -> None:
+        """Close an open run that ``what`` (``trace``, ``summary()``, ``result()``) must
+        wait for the end of, and say so: a look at it ended an ensemble with no word (a
+        trial)."""
+        if self.closed or self.done():
+            return
+        warnings.warn(
+            f"run.{what} waits for the end of open run {self.graph.name!r}, so it closes "
+            "it: it takes no more submit() calls (close() first to say so; run.show() "
+            "watches a run live)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.close()
 
     @property
     def closed(self) -> bool:
@@ -132,6 +148,7 @@ class RunHandle:
         the checkpoint), failed (each with its error), were skipped, and how many
         retries happened. Prints readably; a table in a notebook. RunError if the
         ranks' counts never came (engines that died)."""
+        self._close_to_read("summary()")
         error: Exception | None = None
         join = getattr(self, "join", None)
         if join is not None:
@@ -177,6 +194,7 @@ class RunHandle:
         value no task reads, if None). Raises the run's error; RunError for a future of
         another graph, GraphError for a kernel's task (it has no value). A value kept on
         one rank is fetched from it (collective in batch: every rank asks)."""
+        self._close_to_read("result()")
         self.wait()
         tid = self._task_of(future)
         if tid not in self.values:

@@ -433,8 +433,8 @@ class Run(RunHandle):
     @property
     def trace(self) -> Trace:
         """The run's events, merged over every rank on rank 0 (this rank's elsewhere);
-        waits for the run to end (an open run is closed first)."""
-        self.close()
+        waits for the run to end (an open run is closed first, with a warning)."""
+        self._close_to_read("trace")
         self.join()
         if self._trace is None:
             trace = Trace.for_graph(self.graph, self.cluster.size)

@@ -444,8 +444,8 @@ class SpawnFuture(Frame):
         """Whether the call failed because its run stopped under it: a wait in it (or in
         a call below it) raised the run's RunError. Its future then gives that, not a
         SpawnedTaskError a ``except tg.RunError`` misses (one call a cancel, a trial)."""
-        if self.state != FAILED or not self.owner.stopping:
-            return False
+        if self.state != FAILED or not getattr(self.owner, "stopping", False):
+            return False  # (no owner: a future of no run)
         if self.exc is not None:
             return isinstance(root_cause(self.exc), RunError)
         return self.failure is not None and str(self.failure[4]).startswith("RunError")
