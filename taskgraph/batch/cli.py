@@ -25,10 +25,7 @@ from . import convert, demo, sbatch
 
 
 def _demo(argv: list[str]) -> int:
-    args = demo.parser().parse_args(argv)
-    if args.ranks < 1:
-        print("taskgraph demo: --ranks must be at least 1", file=sys.stderr)
-        return 2
+    args = demo.parser().parse_args(argv)  # (a bad value ends here: no job has started)
     if args.ranks == 1 and not config.use_mpi():
         return demo.main(argv)
     return _launch(args.ranks, ["-m", "taskgraph.batch.demo", *argv], args.timeout)

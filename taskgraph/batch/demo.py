@@ -7,6 +7,11 @@ after: the best of every measurement counts, since a busy moment only ever makes
 one low), gather the factor on rank 0 and compute ‖A − L Lᵀ‖ / ‖A‖. A run faster
 than the peak measured is a measurement error: no fraction is reported (None in the
 JSON), and the demo says so.
+
+Every option is checked before any rank starts (:func:`parser`): a bad value ends in
+one line naming the option and what it allows, exit code 2. A tile larger than n is
+clamped to n, and a run that cannot use its ranks, or is too short to time, says so
+in a ``note`` line (``notes`` in the JSON).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import sys
 
 import numpy as np
 
+from .. import calibrate
 from ..cluster.job import JobCluster, compile_kernels
 from ..core import affinity, config
 from ..core.machine import describe, gemm_peak
@@ -26,6 +33,9 @@ from ..linalg import cholesky, cholesky_flops, cholesky_residual
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-4}
 PEAK_REPEATS = 5  # GEMMs timed in each peak measurement (the fastest counts)
+# a run shorter than this is mostly the runtime's fixed cost (start, first messages,
+# the end's barrier: ms): its GFLOP/s say little about the kernels
+SHORT_RUN_S = 0.1
 
 
 def fraction_of_peak(gflops: float, peak: float) -> tuple[float | None, bool]:
@@ -38,27 +48,66 @@ def fraction_of_peak(gflops: float, peak: float) -> tuple[float | None, bool]:
     return gflops / peak, False
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, refusing a bad option in one line (argparse's own adds 4 of usage)."""
+
+    def error(self, message: str):
+        """Print ``message`` and exit with code 2, as argparse does."""
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+
+def at_least(low: int):
+    """An argparse type: an integer of at least ``low`` (a bad value is named, with the
+    range: argparse adds the option)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer, at least {low} (got {text})")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (got {text})")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    """The demo's options, each checked for its range as it is parsed."""
+    p = _Parser(
         prog="taskgraph demo",
         description="Tiled Cholesky of a random SPD matrix on local MPI ranks, verified.",
     )
-    p.add_argument("--ranks", type=int, default=2, help="MPI ranks (default 2)")
+    p.add_argument("--ranks", type=at_least(1), default=2, help="MPI ranks (default 2)")
     p.add_argument(
-        "--workers", type=int, default=None, help="worker threads per rank (default: cores / ranks)"
+        "--workers",
+        type=at_least(1),
+        default=None,
+        help="worker threads per rank (default: cores / ranks)",
     )
-    p.add_argument("--n", type=int, default=4096, help="matrix order (default 4096)")
+    p.add_argument("--n", type=at_least(1), default=4096, help="matrix order (default 4096)")
     p.add_argument(
         "--tile",
-        type=int,
+        type=at_least(1),
         default=None,
-        help="tile size (default: chosen from this machine's measured kernel speeds)",
+        help="tile size, at most n (default: chosen from this machine's measured kernel speeds)",
     )
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument(
         "--repeat",
-        type=int,
+        type=at_least(1),
         default=1,
         help="factorise this many fresh "
         "matrices in the same processes and report the fastest (default 1)",
@@ -67,11 +116,40 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object last")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=1800,
         help="seconds before the job is killed (default 1800)",
     )
     return p
+
+
+def fit_tile(n: int, tile: int, threads: int) -> tuple[int, list[str]]:
+    """The tile a matrix of order ``n`` is cut in (``tile``, at most n), and notes for
+    a user of ``threads`` threads: a tile larger than n is clamped, and a matrix of
+    one tile is one task, which leaves every thread but one idle."""
+    notes = []
+    if tile > n:
+        notes.append(f"tile {tile} is larger than n={n}: clamped to {n}")
+        tile = n
+    if tile == n and threads > 1:
+        notes.append(
+            f"the matrix is one tile, so one task: it runs on 1 of the {threads} threads, "
+            f"and the fraction is of the {threads}-thread peak (a tile of n/4 or less "
+            "gives every rank work)"
+        )
+    return tile, notes
+
+
+def calibrated(dtype) -> bool:
+    """Whether this machine's kernel speeds for ``dtype`` are cached, so that
+    :func:`taskgraph.calibrate.measurements` reads them rather than measuring (its
+    cache file, read as it reads it)."""
+    path = calibrate.cache_dir() / f"tiles-{calibrate.machine_key(dtype)}.json"
+    try:
+        {int(b): s for b, s in json.loads(path.read_text())["speeds"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def node_peak(threads: int, dtype) -> float:
@@ -91,8 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     threads = cluster.size * cluster.workers
     why = "given"
     if args.tile is None:  # rank 0 measures (the others wait asleep), every rank uses it
+        if cluster.rank == 0 and not calibrated(dtype):  # (seconds: say why it waits)
+            print(
+                "calibrating tile sizes for this machine, once: timing the Cholesky kernels "
+                f"at {len(calibrate.CANDIDATES)} tile sizes (a few seconds; kept in "
+                f"{calibrate.cache_dir()})",
+                flush=True,
+            )
         choice = cluster.cholesky_tile(args.n, dtype)
         args.tile, why = choice.tile, choice.why()
+    args.tile, notes = fit_tile(args.n, args.tile, threads)
     A = TiledMatrix.random_spd(args.n, args.tile, dtype, seed=args.seed, cluster=cluster)
     graph = cholesky(A)
     compile_s = compile_kernels(graph)
@@ -100,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     peak = node_peak(threads, dtype) if cluster.rank == 0 else 0.0
     seconds = float("inf")
     run = None
-    for attempt in range(max(1, args.repeat)):
+    for attempt in range(args.repeat):
         if attempt:  # a fresh matrix: the factor is overwritten in place
             del A, graph, run  # the last one first: a rank holds one matrix at a time
             gc.collect()
@@ -124,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         residual = cholesky_residual(spd_dense(args.n, args.tile, dtype, args.seed), factor)
     gflops = cholesky_flops(args.n) / seconds / 1e9
     fraction, noisy = fraction_of_peak(gflops, peak)
+    if seconds < SHORT_RUN_S:
+        notes.append(
+            f"{seconds * 1e3:.1f} ms is too short to time the kernels: the runtime's fixed "
+            "cost of a few ms dominates (try --n 2048 or more)"
+        )
     result = {
         "n": args.n,
         "tile": args.tile,
@@ -134,15 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         "threads": threads,
         "oversubscribed": threads > config.cores(),
         "tasks": graph.ntasks,
-        "seconds": round(seconds, 4),
-        "gflops": round(gflops, 2),
+        "seconds": figure(seconds, 4),
+        "gflops": figure(gflops, 2),
         "gemm_peak_gflops": round(peak, 2),
-        "fraction_of_peak": None if fraction is None else round(fraction, 3),
+        "fraction_of_peak": None if fraction is None else figure(fraction, 3),
         "peak_error": noisy,
-        "peak_measurements": 1 + max(1, args.repeat),
+        "peak_measurements": 1 + args.repeat,
         "residual": residual,
         "compile_seconds": round(compile_s, 2),
-        "repeats": max(1, args.repeat),
+        "repeats": args.repeat,
+        "notes": notes,
         "peak_rss_mib": [round(x, 1) for x in rss],
         "matrix_share_mib": [round(x, 1) for x in share],
         "machine": describe(),
@@ -150,6 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     ok = residual is None or residual < TOLERANCE[args.dtype]
     report(result, ok, args.json)
     return 0 if ok else 1
+
+
+def figure(x: float, places: int) -> float:
+    """``x`` rounded to ``places`` decimals, or to 3 significant digits where that
+    would leave fewer (a tiny run's 0.0256 GFLOP/s is not 0.03, nor 0.0)."""
+    return round(x, places) if x == 0 or abs(x) >= 10 ** -(places - 2) else float(f"{x:.3g}")
+
+
+def shown(x: float, unit: str = "") -> str:
+    """``x`` printed with one decimal, or 3 significant digits when it is under 1."""
+    return f"{x:.1f}{unit}" if abs(x) >= 1 or x == 0 else f"{x:.3g}{unit}"
 
 
 def peak_rss_mib() -> float:
@@ -164,7 +267,8 @@ def report(r: dict, ok: bool, as_json: bool) -> None:
     gemm = "DGEMM" if r["dtype"] == "float64" else "SGEMM"
     used = min(r["threads"], r["machine"]["cores"])
     lines = [
-        f"tiled Cholesky  n={r['n']}  tile={r['tile']}  {r['dtype']}  ({r['tasks']} tasks)",
+        f"tiled Cholesky  n={r['n']}  tile={r['tile']}  {r['dtype']}  ({r['tasks']} "
+        f"task{'s' if r['tasks'] != 1 else ''})",
         f"ranks={r['ranks']}  workers/rank={r['workers_per_rank']}{over}",
         *(
             [f"tile            chosen by calibration: {r['tile_why']} (--tile to override)"]
@@ -173,7 +277,7 @@ def report(r: dict, ok: bool, as_json: bool) -> None:
         ),
         f"time            {r['seconds']:.3f} s   (kernels compiled before: "
         f"{r['compile_seconds']:.2f} s)",
-        f"speed           {r['gflops']:.1f} GFLOP/s",
+        f"speed           {shown(r['gflops'])} GFLOP/s",
         f"{gemm} peak      {r['gemm_peak_gflops']:.1f} GFLOP/s on {used} threads, the best of "
         f"{r.get('peak_measurements', 2)} measurements in this run (before and after each "
         "factorisation)",
@@ -181,8 +285,9 @@ def report(r: dict, ok: bool, as_json: bool) -> None:
             "fraction        not reported: the run beat every peak measurement, so the "
             "machine was busy while they ran (a measurement error, not a result)"
             if r.get("fraction_of_peak") is None
-            else f"fraction        {r['fraction_of_peak']:.1%} of peak"
+            else f"fraction        {shown(100 * r['fraction_of_peak'], '%')} of peak"
         ),
+        *(f"note            {note}" for note in r.get("notes", ())),
         "memory          peak "
         + ", ".join(f"{m:.0f}" for m in r["peak_rss_mib"])
         + " MiB per rank; matrix share "
