@@ -1,6 +1,7 @@
 """Tiled data beyond square float tiles (taskgraph.dsl.tiled, taskgraph.dsl.placement):
 rectangular and ragged tiles, 1-D tiled vectors, every dtype but object, and owners
-given as "block", a callable or a map. One test moves such tiles between 2 real ranks.
+given as "block", a callable or a map; bad shapes and orders refused by name, before
+an automatic tile is chosen. One test moves such tiles between 2 real ranks.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from taskgraph.dsl.fingerprint import fingerprint
 from taskgraph.dsl.placement import block_owner
 from taskgraph.dsl.tiled import TiledMatrix, TiledVector
 from taskgraph.plan.preview import owner_for
+from taskgraph.plan.tilesize import choose
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -348,3 +350,31 @@ def test_datetime_string_and_structured_tiles_move_as_bytes(mpirun, tmp_path):
     proc = mpirun(2, [str(script)], timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "exotic ok" in proc.stdout
+
+
+class TileModel(FakeRanks):
+    """One rank whose ``tile="auto"`` asks the real tile model (no measurement)."""
+
+    def cholesky_tile(self, n, dtype):
+        speeds = {b: {k: 10.0 for k in ("gemm", "syrk", "trsm", "potrf")} for b in (128, 256)}
+        return choose(n, 2, speeds, 10.0)
+
+
+@pytest.mark.parametrize("n", [0, -5, 2.5, "8", None])
+def test_random_spd_refuses_a_bad_order_by_name_before_choosing_a_tile(n):
+    """random_spd(0) and (-5) divided by zero in the tile model; (2.5): TypeError: 2.5."""
+    with pytest.raises(ValueError, match=r"random_spd's n \(the matrix order\) must be a positive"):
+        TiledMatrix.random_spd(n, cluster=TileModel(1))
+    with pytest.raises(ValueError, match="n .* must be a positive int"):
+        TiledMatrix.random_spd(n, 128, cluster=TileModel(1))
+
+
+@pytest.mark.parametrize("shape", [0, (-5, -5), 2.5, (2.5, 2.5)])
+def test_an_auto_tile_of_a_bad_shape_names_the_shape(shape):
+    with pytest.raises(ValueError, match=r"matrix shape .* must be positive ints \(got"):
+        TiledMatrix.zeros(shape, "auto", cluster=TileModel(1))
+
+
+def test_a_good_order_still_gets_its_auto_tile():
+    assert TiledMatrix.random_spd(512, cluster=TileModel(1)).tile in (128, 256)
+    assert TiledMatrix.random_spd(np.int64(512), 128, cluster=TileModel(1)).mt == 4

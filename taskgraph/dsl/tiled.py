@@ -429,6 +429,7 @@ class TiledMatrix:
         ``(seed, i, j)`` alone: any rank count gives the same matrix. ``kw`` as for
         :class:`TiledMatrix` (``lower=True`` and ``name="A"`` unless given).
         """
+        n = _positive("random_spd's n (the matrix order)", (n,))[0]  # (before "auto" uses it)
         kw.setdefault("lower", True)
         kw.setdefault("name", "A")
         return cls.from_function(
@@ -520,7 +521,8 @@ def _auto_tile(cluster, shape, tile: str, dtype):
             'tile="auto" picks the square tile of a tiled Cholesky, for a square float32 '
             f"or float64 matrix, not {np.dtype(dtype)} of shape {shape}: give the tile size"
         )
-    return cluster.cholesky_tile(_whole(dims[0]), np.dtype(dtype).name)
+    order = _positive(f"matrix shape {shape}", dims)[0]  # (the tile model divides by it)
+    return cluster.cholesky_tile(order, np.dtype(dtype).name)
 
 
 def _geometry(shape, tile) -> tuple[tuple[int, ...], tuple[int, int]]:
@@ -535,18 +537,30 @@ def _geometry(shape, tile) -> tuple[tuple[int, ...], tuple[int, int]]:
             f"tile {tile} does not fit shape {shape}: give "
             + ("b or (mb,)" if len(dims) == 1 else "b or (mb, nb)")
         )
-    try:
-        whole, steps = tuple(map(_whole, dims)), tuple(map(_whole, sizes))
-    except (TypeError, ValueError):
-        raise ValueError(f"matrix shape {shape} and tile {tile} must be ints") from None
-    if min(whole) < 1 or min(steps) < 1:
-        raise ValueError(f"matrix shape {shape} and tile {tile} must be positive")
+    whole = _positive(f"matrix shape {shape}", dims)
+    steps = _positive(f"tile {tile}", sizes)
     return whole, (steps[0], steps[1] if len(steps) == 2 else 1)
 
 
+def _positive(what: str, values) -> tuple[int, ...]:
+    """``values`` as ints of at least 1; else a ValueError saying that ``what`` (the
+    argument, as the user gave it) must be."""
+    values = tuple(values)
+    allowed = "a positive int" if len(values) == 1 else "positive ints"
+    for x in values:
+        try:
+            ok = _whole(x) >= 1
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{what} must be {allowed} (got {x!r})")
+    return tuple(map(_whole, values))
+
+
 def _whole(x) -> int:
+    """``x`` as an int, where it is a whole number (not a bool); else a TypeError."""
     if isinstance(x, (bool, np.bool_)) or int(x) != x:
-        raise TypeError(x)
+        raise TypeError(f"{x!r} is not a whole number")
     return int(x)
 
 
