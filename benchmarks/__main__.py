@@ -6,6 +6,11 @@ then the report (``DIR/README.md`` with tables, and PNG plots). ``report`` rebui
 from the JSON files alone. DIR is ``benchmarks/results/``, where the committed full
 run lives, or ``benchmarks/results/quick/`` (not committed) for ``--quick``: a
 newcomer's first quick run must not write over the full run's results.
+
+The packages of the ``bench`` extra that a suite cannot run without
+(``benchmarks.common.NEEDS``) are looked for before any suite starts: a missing one
+ends the command in one line naming it and the install command (dask, imported by a
+baseline's subprocess after 49 s of timing, had lost the whole run).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import importlib
 import json
 import time
 from pathlib import Path
+
+from benchmarks import common
 
 SUITES = [
     "cholesky",
@@ -63,6 +70,7 @@ def main(argv=None) -> None:
         print(write_report(args.out))
         return
     names = SUITES if args.what == "all" else [args.what]
+    common.require(names, "python -m benchmarks")  # (before any timing)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     failed = []

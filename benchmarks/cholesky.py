@@ -325,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.baseline:
         _baseline(args)
     else:
+        common.require(["cholesky"], "python -m benchmarks.cholesky")  # (before any timing)
         t0 = time.perf_counter()
         run(quick=args.quick)
         print(f"# cholesky suite took {time.perf_counter() - t0:.0f} s", flush=True)

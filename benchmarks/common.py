@@ -11,6 +11,7 @@ with :func:`emit` as it goes. ``python -m benchmarks <name> [--quick]`` runs one
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,7 +22,34 @@ from pathlib import Path
 from taskgraph.core import config
 from taskgraph.core.machine import describe
 
+# what each suite imports from the bench extra and cannot run without (ensemble reads
+# a missing dask or parsl as an unavailable baseline, the report draws no plots
+# without matplotlib); tests/test_bench_choices.py checks this against the sources
+NEEDS = {"cholesky": ("dask",), "overhead": ("dask",)}
+INSTALL = 'pip install -e ".[bench]"'
+
 _machine: dict | None = None
+
+
+def missing(suites: list[str]) -> dict[str, list[str]]:
+    """The packages that ``suites`` need (:data:`NEEDS`) and this Python lacks, each
+    with the suites that need it; empty when nothing is missing."""
+    out: dict[str, list[str]] = {}
+    for suite in suites:
+        for package in NEEDS.get(suite, ()):
+            if importlib.util.find_spec(package) is None:
+                out.setdefault(package, []).append(suite)
+    return out
+
+
+def require(suites: list[str], prog: str) -> None:
+    """Exit (code 2) with one line naming what ``suites`` need and this Python lacks,
+    and how to install it; ``prog``: the command, for the message."""
+    lacking = missing(suites)
+    if lacking:
+        needed = "; ".join(f"{p} (for {', '.join(s)})" for p, s in lacking.items())
+        print(f"{prog}: not installed: {needed}; {INSTALL}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 def machine() -> dict:
