@@ -63,6 +63,10 @@ class RunHandle:
 
     # -- state -----------------------------------------------------------------------
 
+    def close(self) -> None:
+        """No more ``submit`` calls: an open run ends once its tasks and calls have."""
+        raise NotImplementedError
+
     def _close_to_read(self, what: str) -> None:
         """Close an open run that ``what`` (``trace``, ``summary()``, ``result()``) must
         wait for the end of, and say so: a look at it ended an ensemble with no word (a

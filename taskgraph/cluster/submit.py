@@ -95,12 +95,12 @@ def cancelled_if_interrupted(futures: Iterable[Any]) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        runs = {}
+        runs: dict[int, Any] = {}
         for f in futures:
-            run = f.run if isinstance(f, EngineFuture) else None
+            run: Any = f.run if isinstance(f, EngineFuture) else None
             if isinstance(f, Future):
                 run = f.graph.last_run
-            if getattr(run, "where", None) == "engines":
+            if run is not None and getattr(run, "where", None) == "engines":
                 runs[id(run)] = run
         for run in runs.values():
             run.cancel("interrupted (KeyboardInterrupt)")
