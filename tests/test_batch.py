@@ -100,6 +100,8 @@ def test_demo_float32_on_one_rank(run_cli):
     "args, message",
     [
         (("run", "-n", "0", "x.py"), "at least 1"),
+        (("run", "--timeout", "0", "x.py"), "--timeout: must be a number of seconds above 0"),
+        (("run", "--timeout", "-5", "x.py"), "above 0 (got -5)"),
         (("demo", "--ranks", "0"), "at least 1"),
         (("frobnicate",), "taskgraph demo"),
     ],

@@ -326,3 +326,30 @@ def test_the_report_draws_steals_between_lanes_and_spawned_calls_in_chromium(tmp
     assert "f(2)" in spawned_tip and "spawned call" in spawned_tip, spawned_tip
     assert "root()" in task_tip and "kernel root" in task_tip, task_tip
     assert (quiet["steals"], quiet["spawned"], quiet_legend) == ("0", "0", 0)
+
+
+@needs_browser
+def test_the_header_counts_pushed_calls_apart_from_steals_in_chromium(tmp_path):
+    """Pushed calls are drawn as lines too; the header said only "N steals", fewer than
+    the lines drawn (a trial: 10 steals and 2 pushes, 12 lines)."""
+    from playwright.sync_api import sync_playwright
+
+    r0, r1 = recorders()
+    record_first(r0, r1)
+    record_second(r0, r1)
+    r1.stole(0, "f(4)", r0.t0 + 0.8, r0.t0 + 0.8001, pushed=True)
+    trace = stealing_trace()
+    for r in (r0, r1):
+        trace.ingest(r.batch()[0])
+    trace.finish()
+    trace.to_html(tmp_path / "pushed.html")
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            got = open_report(page, tmp_path / "pushed.html")
+            header = page.text_content(".tg-stats")
+        finally:
+            browser.close()
+    assert got["steals"] == "3"  # (lines drawn: 2 steals and the pushed call)
+    assert "2 steals" in header and "1 pushed" in header, header

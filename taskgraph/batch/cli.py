@@ -35,15 +35,13 @@ def _run(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="taskgraph run", description="Run a script on N local MPI ranks."
     )
-    p.add_argument("-n", "--ranks", type=int, default=2, help="MPI ranks (default 2)")
+    p.add_argument("-n", "--ranks", type=demo.at_least(1), default=2, help="MPI ranks (default 2)")
     p.add_argument(
-        "--timeout", type=float, default=None, help="kill the job after this many seconds"
+        "--timeout", type=demo.seconds, default=None, help="kill the job after this many seconds"
     )
     p.add_argument("script", help="a Python script or a notebook (.ipynb)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     args = p.parse_args(argv)
-    if args.ranks < 1:
-        p.error("-n must be at least 1")
     if not Path(args.script).exists():
         print(f"taskgraph run: no such script: {args.script}", file=sys.stderr)
         return 2

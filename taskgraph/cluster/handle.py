@@ -131,7 +131,8 @@ class RunHandle:
     def stats(self) -> Stats:
         """What the run did (tasks, messages, bytes, spawned calls, steals); zeros until
         it ends. In a batch job: this rank's own counts; on engines: every rank's
-        summed."""
+        counts summed, its seconds and steal latency median the largest rank's (the
+        trace's ``dynamic()`` gives the median over every steal)."""
         return self._stats
 
     def show(self, **kwargs):

@@ -56,9 +56,11 @@ const SEGMENTS = [ // utilisation parts: key, legend text, colour
 // ---------------------------------------------------------------- formatting helpers
 
 function dynamicText(d) { // spawned calls and steals: shown only where a run had them
-  if (!d || !(d.spawned || d.steals)) return "";
+  if (!d || !(d.spawned || d.steals || d.pushes)) return "";
+  // (pushes are drawn as lines too: counted apart, or the header read fewer than drawn)
   return ` · ${d.spawned} spawned · ${d.steals} steals` +
-    (d.steals ? ` (median latency ${fmtTime(d.steal_latency_median)})` : "");
+    (d.steals ? ` (median latency ${fmtTime(d.steal_latency_median)})` : "") +
+    (d.pushes ? ` · ${d.pushes} pushed` : "");
 }
 
 function ensembleText(e) { // managed calls' state counts: shown only where a run had them
