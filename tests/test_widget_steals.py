@@ -54,11 +54,13 @@ def record_second(r0: Recorder, r1: Recorder) -> None:
         r.wall = 1.0
 
 
-def recorded() -> Trace:
-    """The whole recorded stealing run, merged."""
+def recorded(pushed: bool = False) -> Trace:
+    """The whole recorded stealing run, merged (``pushed``: and a call pushed to rank 1)."""
     r0, r1 = recorders()
     record_first(r0, r1)
     record_second(r0, r1)
+    if pushed:
+        r1.stole(0, "f(4)", r0.t0 + 0.8, r0.t0 + 0.8001, pushed=True)
     trace = stealing_trace()
     for r in (r0, r1):
         trace.ingest(r.batch()[0])
@@ -334,21 +336,15 @@ def test_the_header_counts_pushed_calls_apart_from_steals_in_chromium(tmp_path):
     the lines drawn (a trial: 10 steals and 2 pushes, 12 lines)."""
     from playwright.sync_api import sync_playwright
 
-    r0, r1 = recorders()
-    record_first(r0, r1)
-    record_second(r0, r1)
-    r1.stole(0, "f(4)", r0.t0 + 0.8, r0.t0 + 0.8001, pushed=True)
-    trace = stealing_trace()
-    for r in (r0, r1):
-        trace.ingest(r.batch()[0])
-    trace.finish()
-    trace.to_html(tmp_path / "pushed.html")
+    recorded(pushed=True).to_html(tmp_path / "pushed.html")
     with sync_playwright() as p:
         browser = launch(p)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
-            got = open_report(page, tmp_path / "pushed.html")
-            header = page.text_content(".tg-stats")
+            got, header = (
+                open_report(page, tmp_path / "pushed.html"),
+                page.text_content(".tg-stats"),
+            )
         finally:
             browser.close()
     assert got["steals"] == "3"  # (lines drawn: 2 steals and the pushed call)
