@@ -246,6 +246,16 @@ def exclusive(path: Path, wait: float = LOCK_WAIT) -> Iterator[bool]:
         os.close(fd)  # (closing the last descriptor releases the lock)
 
 
+def cache_file(dtype=np.float64) -> Path:
+    """Where this machine's kernel speeds for ``dtype`` are kept."""
+    return cache_dir() / f"tiles-{machine_key(dtype)}.json"
+
+
+def cached(dtype=np.float64) -> bool:
+    """Whether :func:`measurements` of ``dtype`` would read the cache, not measure."""
+    return _read(cache_file(dtype)) is not None
+
+
 def measurements(dtype=np.float64, refresh: bool = False) -> dict:
     """:func:`measure`, from the cache when this machine has measured before and the
     file is whole (:func:`checked`; anything else is measured again and overwritten).
@@ -253,7 +263,7 @@ def measurements(dtype=np.float64, refresh: bool = False) -> dict:
     measurement reads it. ``refresh=True`` measures again, unless another process
     wrote the file meanwhile. The file is written atomically."""
     folder = cache_dir()
-    path = folder / f"tiles-{machine_key(dtype)}.json"
+    path = cache_file(dtype)
     before = _stamp(path)
     got = None if refresh else _read(path)
     if got is not None:

@@ -151,7 +151,8 @@ def test_the_demo_knows_when_a_calibration_is_cached(tmp_path, monkeypatch):
 
     def measure(dtype):
         measured.append(dtype)
-        return {"peak": 10.0, "speeds": {128: {"gemm": 9.0}}}
+        speeds = {b: dict.fromkeys(calibrate.FLOPS, 9.0) for b in calibrate.CANDIDATES}
+        return {"peak": 10.0, "speeds": speeds}
 
     monkeypatch.setattr(calibrate, "measure", measure)
     assert not demo.calibrated(np.float64)
@@ -161,6 +162,8 @@ def test_the_demo_knows_when_a_calibration_is_cached(tmp_path, monkeypatch):
     assert len(measured) == 1  # (read from the cache: the demo said nothing)
     next(tmp_path.glob("tiles-*.json")).write_text("{")  # (corrupt: measured again)
     assert not demo.calibrated(np.float64)
+    next(tmp_path.glob("tiles-*.json")).write_text('{"peak": 10, "speeds": {"-5": {}}}')
+    assert not demo.calibrated(np.float64)  # (whole JSON, but not whole: measured again)
 
 
 @pytest.mark.timeout(240)

@@ -141,15 +141,9 @@ def fit_tile(n: int, tile: int, threads: int) -> tuple[int, list[str]]:
 
 
 def calibrated(dtype) -> bool:
-    """Whether this machine's kernel speeds for ``dtype`` are cached, so that
-    :func:`taskgraph.calibrate.measurements` reads them rather than measuring (its
-    cache file, read as it reads it)."""
-    path = calibrate.cache_dir() / f"tiles-{calibrate.machine_key(dtype)}.json"
-    try:
-        {int(b): s for b, s in json.loads(path.read_text())["speeds"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-    return True
+    """Whether this machine's kernel speeds for ``dtype`` are cached and whole, so that
+    the tile is chosen without measuring (:func:`taskgraph.calibrate.cached`)."""
+    return calibrate.cached(dtype)
 
 
 def node_peak(threads: int, dtype) -> float:
