@@ -42,6 +42,13 @@ def test_a_small_matrix_gets_tiles_that_make_enough_tasks():
     assert choose(100, 4, SPEEDS, 100.0).tile == 128  # (none fits: the smallest)
 
 
+@pytest.mark.parametrize("n, cores", [(0, 2), (-5, 2), (2.5, 2), (True, 2), (100, 0)])
+def test_a_bad_order_or_core_count_is_named(n, cores):
+    """calibrate.cholesky_tile(0, 2) raised ZeroDivisionError from the model."""
+    with pytest.raises(ValueError, match="must be a positive int"):
+        choose(n, cores, SPEEDS, 100.0)
+
+
 def test_the_estimate_is_the_work_over_the_cores_plus_the_path():
     one, two = estimate(4096, 512, 1, SPEEDS[512]), estimate(4096, 512, 2, SPEEDS[512])
     assert one / 2 < two < one
