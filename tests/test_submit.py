@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import pytest
 from conftest import engines_marker
@@ -535,3 +536,29 @@ def test_the_outbox_sends_a_call_at_once_and_the_calls_made_meanwhile_together()
     sent[-1][2].set_result({})
     bad = box.put(2, b"unsendable")
     assert isinstance(bad.error, OSError) and bad.ar is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("look", ["trace", "summary", "result"])
+def test_a_look_that_waits_for_an_open_runs_end_says_that_it_closes_it(look):
+    """run.trace, summary() and result() wait for the run's end, so on an open run they
+    closed it with no word: the next submit raised RunError (a trial, 3 of 3)."""
+    with tg.Graph("open to look at") as g:
+        first = _slow_square(3)
+    run = tg.Cluster().run(g, open=True)
+    assert run.submit(abs, -2).result(10) == 2
+    with pytest.warns(RuntimeWarning, match=r"open run 'open to look at', so it closes it"):
+        if look == "trace":
+            assert run.trace.status == "done"
+        elif look == "summary":
+            run.summary()
+        else:
+            assert run.result(first) == 9
+    assert run.closed
+    with pytest.raises(tg.RunError, match="has ended"):
+        run.submit(abs, -1)
+    closed = tg.Cluster().run(open=True)
+    closed.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (closed first: nothing to say)
+        assert closed.trace.status == "done"
