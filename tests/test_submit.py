@@ -365,6 +365,22 @@ def test_a_cancel_gives_every_submitted_call_a_runerror_in_process():
         _every_future_gives_the_cancel(tg.Cluster(workers=2))
 
 
+def _raises_its_own_runerror():
+    raise tg.RunError("my own error: the solver diverged")
+
+
+@pytest.mark.timeout(60)
+def test_a_calls_own_runerror_stays_its_failure_after_the_run_ended():
+    """Told apart when the call fails, not when it is read: every run ends stopping, so
+    a call's own RunError read after a run that ended well read as stopped (a review)."""
+    run = tg.Cluster().run(open=True)
+    fut = run.submit(_raises_its_own_runerror)
+    run.wait(30)
+    with pytest.raises(tg.SpawnedTaskError, match="failed: RunError: my own error"):
+        fut.result()
+    assert isinstance(fut.exception(), tg.SpawnedTaskError)
+
+
 @pytest.mark.timeout(120)
 def test_a_cancel_gives_every_submitted_call_a_runerror_on_engines(engines):
     for _ in range(3):
@@ -562,3 +578,27 @@ def test_a_look_that_waits_for_an_open_runs_end_says_that_it_closes_it(look):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (closed first: nothing to say)
         assert closed.trace.status == "done"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_a_look_closes_an_open_run_without_a_word_on_ranks_that_submitted_nothing(mpirun, tmp_path):
+    """Rank 0 submits and closes; the other ranks' handles are not closed until the run
+    ends, so their summary() warned (and, as errors, aborted the job: a review)."""
+    out = run_job(
+        mpirun,
+        tmp_path,
+        2,
+        """
+        import warnings
+        warnings.simplefilter("error")
+        c = tg.Cluster()
+        run = c.run(open=True)
+        if c.rank == 0:
+            assert run.submit(square, 4).result(30) == 16
+            run.close()
+        summary = run.summary()
+        say("summary", summary.succeeded)
+        """,
+    )
+    assert "rank 1: summary" in out and "rank 0: summary 1" in out, out

@@ -44,6 +44,7 @@ class RunHandle:
     where = "ranks"  # what __repr__ calls the cluster's members
     open = False  # made with ``open=True``: takes ``submit`` calls until closed
     _closed = True  # (a subclass's open run: False until close())
+    _submitted = 0  # calls submitted through this handle (here, on this rank)
 
     def __init__(self, cluster: Any, graph: Graph, plan: Plan | None = None):
         self.cluster = cluster
@@ -73,13 +74,14 @@ class RunHandle:
         trial)."""
         if self.closed or self.done():
             return
-        warnings.warn(
-            f"run.{what} waits for the end of open run {self.graph.name!r}, so it closes "
-            "it: it takes no more submit() calls (close() first to say so; run.show() "
-            "watches a run live)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        if self._submitted:  # (not where none was: a batch job's other ranks, a review)
+            warnings.warn(
+                f"run.{what} waits for the end of open run {self.graph.name!r}, so it "
+                "closes it: it takes no more submit() calls (close() first to say so; "
+                "run.show() watches a run live)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         self.close()
 
     @property

@@ -493,7 +493,9 @@ class Run(RunHandle):
                 f"{self.world.size}: {getattr(fn, '__name__', repr(fn))} not submitted"
             )
         check_values(fn, args, kwargs, "run.submit")
-        return ex.submit(fn, args, kwargs)
+        fut = ex.submit(fn, args, kwargs)
+        self._submitted += 1  # (a look that closes the run then says so)
+        return fut
 
     def close(self) -> None:
         """No more :meth:`submit` calls: an open run ends once its tasks and the calls

@@ -194,6 +194,14 @@ def _kind(cls: type) -> type:
     return kind
 
 
+def _run_error_at_root(exc: BaseException | None, failure: tuple) -> bool:
+    """Whether a call that failed with ``exc`` (here) or ``failure`` (another rank's)
+    failed by a RunError at the bottom of its chain."""
+    if exc is not None:
+        return isinstance(root_cause(exc), RunError)
+    return str(failure[4]).startswith("RunError")
+
+
 def root_cause(exc: BaseException) -> Any:
     """The exception at the bottom of a chain of failed spawned calls (or only its
     class, where the instance could not be rebuilt here)."""
@@ -330,6 +338,7 @@ class SpawnFuture(Frame):
         "remote",
         "slot",
         "state",
+        "stopped",
         "submitted",
         "value",
         "watch",
@@ -355,6 +364,7 @@ class SpawnFuture(Frame):
         self.exc: BaseException | None = None
         self.failure: tuple | None = None
         self.observed = False
+        self.stopped = False  # it failed by its run's stop: see stopped_under
         self.pinned = False  # it cannot be pickled: never stolen
         self.remote: tuple[int, int] | None = None  # stolen from (rank, key): result goes there
         self.submitted = False  # from outside the run's tasks (Executor.submit): no parent
@@ -442,13 +452,11 @@ class SpawnFuture(Frame):
 
     def stopped_under(self) -> bool:
         """Whether the call failed because its run stopped under it: a wait in it (or in
-        a call below it) raised the run's RunError. Its future then gives that, not a
-        SpawnedTaskError a ``except tg.RunError`` misses (one call a cancel, a trial)."""
-        if self.state != FAILED or not getattr(self.owner, "stopping", False):
-            return False  # (no owner: a future of no run)
-        if self.exc is not None:
-            return isinstance(root_cause(self.exc), RunError)
-        return self.failure is not None and str(self.failure[4]).startswith("RunError")
+        a call below it) raised the run's RunError, as the run was stopping when it
+        failed (:meth:`SpawnRunner.settle`). Its future then gives that, not a
+        SpawnedTaskError a ``except tg.RunError`` misses (one call a cancel, a trial);
+        a call's own RunError in a run going on stays its failure."""
+        return self.state == FAILED and self.stopped
 
     def error(self) -> SpawnedTaskError:
         """The error to raise for a failed call, caused by its exception (see
@@ -1258,6 +1266,8 @@ class SpawnRunner:
             else:
                 item.exc, item.failure = exc, failure
                 item.state = FAILED
+                # (decided now: every run ends stopping, after its calls well or not)
+                item.stopped = bool(self.stopping) and _run_error_at_root(exc, failure)
             self.calls_ended += 1
             if item.remote is None:  # (a stolen one counts where it was spawned)
                 self.calls_finished += 1
