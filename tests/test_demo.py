@@ -155,15 +155,15 @@ def test_the_demo_knows_when_a_calibration_is_cached(tmp_path, monkeypatch):
         return {"peak": 10.0, "speeds": speeds}
 
     monkeypatch.setattr(calibrate, "measure", measure)
-    assert not demo.calibrated(np.float64)
+    assert not calibrate.cached(np.float64)
     calibrate.measurements(np.float64)
-    assert measured and demo.calibrated(np.float64) and not demo.calibrated(np.float32)
+    assert measured and calibrate.cached(np.float64) and not calibrate.cached(np.float32)
     calibrate.measurements(np.float64)
     assert len(measured) == 1  # (read from the cache: the demo said nothing)
     next(tmp_path.glob("tiles-*.json")).write_text("{")  # (corrupt: measured again)
-    assert not demo.calibrated(np.float64)
+    assert not calibrate.cached(np.float64)
     next(tmp_path.glob("tiles-*.json")).write_text('{"peak": 10, "speeds": {"-5": {}}}')
-    assert not demo.calibrated(np.float64)  # (whole JSON, but not whole: measured again)
+    assert not calibrate.cached(np.float64)  # (whole JSON, but not whole: measured again)
 
 
 @pytest.mark.timeout(240)

@@ -140,12 +140,6 @@ def fit_tile(n: int, tile: int, threads: int) -> tuple[int, list[str]]:
     return tile, notes
 
 
-def calibrated(dtype) -> bool:
-    """Whether this machine's kernel speeds for ``dtype`` are cached and whole, so that
-    the tile is chosen without measuring (:func:`taskgraph.calibrate.cached`)."""
-    return calibrate.cached(dtype)
-
-
 def node_peak(threads: int, dtype) -> float:
     """The GEMM peak on ``threads`` of this node's cores (at most all of them), from one
     rank: on all of the node's CPUs meanwhile, though the rank is bound to a share."""
@@ -163,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = cluster.size * cluster.workers
     why = "given"
     if args.tile is None:  # rank 0 measures (the others wait asleep), every rank uses it
-        if cluster.rank == 0 and not calibrated(dtype):  # (seconds: say why it waits)
+        if cluster.rank == 0 and not calibrate.cached(dtype):  # (seconds: say why it waits)
             print(
                 "calibrating tile sizes for this machine, once: timing the Cholesky kernels "
                 f"at {len(calibrate.CANDIDATES)} tile sizes (a few seconds; kept in "

@@ -145,9 +145,14 @@ class Trace:
         self.elapsed = max(self.elapsed, self._end_of[rank])
         ev = batch["events"]["tasks"]
         rows = []
-        for tid, w, s, e, st in zip(ev["id"], ev["worker"], ev["start"], ev["end"], ev["state"]):
-            if self.runtime_graph:
-                continue
+        tasks = (
+            ()
+            if self.runtime_graph
+            else zip(  # (the runtime's task is not shown)
+                ev["id"], ev["worker"], ev["start"], ev["end"], ev["state"]
+            )
+        )
+        for tid, w, s, e, st in tasks:
             k = self.kernel_of[tid]
             rows.append([rank, w, s + shift, e + shift, k, tid, st])
             if st == TASK_DONE:
