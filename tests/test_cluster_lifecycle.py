@@ -87,6 +87,24 @@ def test_engines_that_die_at_start_are_reported_at_once_with_their_log(marker, m
     assert "MPIR_CVAR_CH4_OFI_ENABLE_TAGGED" in str(info.value), "the log's real error"
 
 
+def test_an_interrupt_while_the_engines_start_stops_everything_at_once(marker, monkeypatch):
+    """Ctrl-C in the cell that starts the cluster, the engines launched but not yet up:
+    ipyparallel's own stop waited ~3.6 s for them; the processes are signalled first."""
+    from taskgraph.cluster.engines import EngineCluster
+
+    at = []
+
+    def interrupted(self):
+        at.append(time.monotonic())
+        if len(at) == 10:  # a second into the wait for the engines
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(EngineCluster, "_engines_exited", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tg.Cluster(n=2)
+    assert time.monotonic() - at[-1] < 3.0, "slow to give the prompt back"
+
+
 # -- closing ---------------------------------------------------------------------------
 
 

@@ -161,7 +161,7 @@ class EngineCluster(Cluster, kind="engines"):
             shm = [f for info in getattr(self, "infos", []) for f in info.get("shm", ())]
             guard.watch(self._marker, self._leftover_files() + shm)
         except BaseException:
-            self._stop_started()
+            self._stop_started(kill_first=True)
             raise
         _live.add(self)
         _install_signal_handlers()
@@ -325,10 +325,14 @@ class EngineCluster(Cluster, kind="engines"):
         except Exception:  # noqa: BLE001 - what is left is killed by _stop_started
             pass
 
-    def _stop_started(self) -> None:
-        """Stop what _start started, then remove every process and file left of it."""
+    def _stop_started(self, kill_first: bool = False) -> None:
+        """Stop what _start started, then remove every process and file left of it.
+        ``kill_first`` (a start that failed or was interrupted): signal the processes
+        before ipyparallel's stop, which waits seconds for engines still starting."""
         shm = [f for info in getattr(self, "infos", []) for f in info.get("shm", ())]
         files = self._leftover_files()
+        if kill_first and self._marker is not None:
+            watchdog.stop(self._marker, files, shm)
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
