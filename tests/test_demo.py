@@ -8,7 +8,7 @@ import pytest
 
 from taskgraph import calibrate
 from taskgraph.batch import demo
-from taskgraph.batch.demo import fraction_of_peak, report
+from taskgraph.batch.demo import SHORT_RUN_S, fraction_of_peak, long_enough_n, report
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -142,6 +142,14 @@ def test_a_tiny_run_prints_its_speed_with_digits_and_its_notes(capsys):
     assert "(1 task)" in out
     assert "speed           0.0256 GFLOP/s" in out and "0.0217% of peak" in out, out
     assert "note            13.2 ms is too short to time the kernels" in out
+
+
+@pytest.mark.parametrize("n,seconds", [(2048, 0.0286), (2048, 0.099), (64, 0.013), (4000, 0.05)])
+def test_a_run_too_short_to_time_suggests_a_larger_order(n, seconds):
+    """It said "try --n 2048 or more" to runs at n = 2048."""
+    got = long_enough_n(n, seconds)
+    assert got > n and got % 1024 == 0
+    assert (got / n) ** 3 * seconds >= 2 * SHORT_RUN_S * 0.99
 
 
 def test_the_demo_knows_when_a_calibration_is_cached(tmp_path, monkeypatch):

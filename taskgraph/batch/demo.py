@@ -56,6 +56,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
 
 
+def long_enough_n(n: int, seconds: float) -> int:
+    """The multiple of 1024 at which a run that took ``seconds`` at order ``n`` would
+    take about twice SHORT_RUN_S (its time grows as n cubed): the order to suggest."""
+    want = n * (2 * SHORT_RUN_S / max(seconds, 1e-6)) ** (1 / 3)
+    return max(1024, -(-int(want) // 1024) * 1024)
+
+
 def at_least(low: int):
     """An argparse type: an integer of at least ``low`` (a bad value is named, with the
     range: argparse adds the option)."""
@@ -201,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if seconds < SHORT_RUN_S:
         notes.append(
             f"{seconds * 1e3:.1f} ms is too short to time the kernels: the runtime's fixed "
-            "cost of a few ms dominates (try --n 2048 or more)"
+            f"cost of a few ms dominates (try --n {long_enough_n(args.n, seconds)} or more)"
         )
     result = {
         "n": args.n,
