@@ -13,9 +13,14 @@ QR_IB = 32  # the default inner block size of the QR kernels
 def cholesky(A: TiledMatrix, name: str = "cholesky") -> Graph:
     """The task graph of the right-looking tiled Cholesky factorisation A = L Lᵀ.
 
-    Overwrites the lower triangle of A with L when run.
+    Overwrites the lower triangle of A with L when run. ValueError unless A is square
+    (a 300 x 200 matrix had its leading 200 x 200 block factored, and no error).
     """
     from taskgraph.kernels import gemm, potrf, syrk, trsm
+
+    if len(A.shape) != 2 or A.shape[0] != A.shape[1]:
+        size = " x ".join(map(str, A.shape))
+        raise ValueError(f"cholesky: {A.name} is {size}; a Cholesky factor needs a square matrix")
 
     with Graph(name) as g:
         for k in range(A.nt):

@@ -383,6 +383,56 @@ def unpicklable_value_names_its_task():
         raise AssertionError("an unpicklable value sent to another rank must fail")
 
 
+_hidden: dict = {}  # a future a task reads without taking it as an argument
+
+
+@tg.task
+def _slow_one():
+    time.sleep(0.2)
+    return 1
+
+
+@tg.task
+def _reads_hidden():
+    return _hidden["f"].result() + 1
+
+
+@tg.task
+def _runs_a_graph():
+    with tg.Graph("inner") as g:
+        _slow_one()
+    return cluster().run(g).wait()
+
+
+@scenario
+def waits_that_could_never_end_fail_their_task_on_every_rank():
+    """A task that reads a future of its own run it was not given, and a task that makes
+    a run: each hung (the second left the ranks out of step for later runs); now each
+    fails its task, named, on every rank, within seconds, and the next run works."""
+    c = cluster()
+    with tg.Graph("hidden") as g1:
+        _hidden["f"] = _slow_one()
+        _reads_hidden()
+    with tg.Graph("nested") as g2:
+        _runs_a_graph()
+    want = {
+        "hidden": ("_reads_hidden", "waits for its own run 'hidden' to end"),
+        "nested": ("_runs_a_graph", "cluster.run() inside a running task"),
+    }
+    for g in (g1, g2):
+        task, words = want[g.name]
+        t0 = time.monotonic()
+        try:
+            c.run(g).wait(timeout=30)
+        except tg.TaskError as err:
+            assert time.monotonic() - t0 < 10, f"{g.name}: {time.monotonic() - t0:.1f} s"
+            assert err.task.startswith(task), (g.name, err.task)
+            assert words in str(err), (g.name, str(err))
+        else:
+            raise AssertionError(f"{g.name}: a wait that cannot end must fail its task")
+        _next_run_works()
+
+
 @scenario
 def cancel_stops_every_rank():
     @tg.kernel(modes="rw", dims="mn")

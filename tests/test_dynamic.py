@@ -991,3 +991,37 @@ def test_a_future_as_a_value_fails_on_one_rank_as_on_several():
         f = asks_for_a_future()
     run_in_process(g, 1)
     assert "the future of _inc(2) cannot leave this rank" in f.result()
+
+
+@tg.task
+def waits_on_itself(depth: int):
+    """A call that waits on its own future (depth 0), or on its caller's (1)."""
+    box: dict = {}
+
+    def child():
+        return box["parent"].result()
+
+    def me():
+        if depth:
+            return tg.spawn(child).result()
+        return box["me"].result()
+
+    box["me"] = box["parent"] = tg.spawn(me)
+    return box["me"].result()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("depth", [0, 1])
+def test_a_call_that_waits_on_its_own_future_fails_at_once(depth, workers):
+    """It hung for ever, using no CPU (a trial); now its wait raises, naming both."""
+    with tg.Graph("self") as g:
+        waits_on_itself(depth)
+    t0 = time.monotonic()
+    with pytest.raises(tg.TaskError, match="which it runs inside"):
+        run_in_process(g, workers)
+    assert time.monotonic() - t0 < 10
+    with tg.Graph("fib") as g:
+        f = fib(12)
+    run_in_process(g, workers)
+    assert f.result() == serial_fib(12)

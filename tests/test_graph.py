@@ -823,3 +823,19 @@ def test_recording_through_the_graph_outside_a_with_block_leaves_it_closed():
     g.add_kernel_task(scale, (A[0, 0].rw,))
     assert [t.name for t in g.tasks] == ["load", "scale"] and f.graph is g
     assert tg.Graph.active() is None and g._builder.graph is None  # no cycle holds g
+
+
+def test_a_tile_index_must_be_a_whole_number():
+    """``A[0.5, 0]`` was tile ``A[0, 0]``."""
+    A = tg.TiledMatrix.zeros((4, 4), 2)
+    assert A[np.int64(1), 0] is A[1, 0]
+    for bad in [(0.5, 0), (0, 1.0), ("1", 0)]:
+        with pytest.raises(tg.GraphError, match="index tiles of"):
+            A[bad]
+
+
+def test_cholesky_of_a_matrix_that_is_not_square_says_so():
+    """A 300 x 200 matrix had its leading 200 x 200 block factored, and no error."""
+    for shape in [(300, 200), (200, 300)]:
+        with pytest.raises(ValueError, match="needs a square matrix"):
+            cholesky(tg.TiledMatrix.zeros(shape, 100))

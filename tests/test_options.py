@@ -66,3 +66,51 @@ def test_memory_sizes():
     assert parse_memory("512MB", "t") == 512_000_000
     assert parse_memory("2 GiB", "t") == 2 * 2**30
     assert parse_memory(1024, "t") == 1024
+
+
+@pytest.mark.parametrize(
+    "option,value,words",
+    [
+        ("task_timeout", -1, "task_timeout must be a positive number"),
+        ("task_timeout", 0, "task_timeout must be a positive number"),
+        ("task_timeout", "5", "task_timeout must be a positive number"),
+        ("workers", 0, "workers must be an int >= 1"),
+        ("workers", 2.5, "workers must be an int >= 1"),
+        ("blas_threads", -1, "blas_threads must be an int >= 1"),
+    ],
+)
+def test_a_runs_sizes_are_checked_before_it_starts(option, value, words):
+    """They were taken as given: every task then "timed out after -1 s", workers=0 ran
+    nothing and workers=2.5 raised deep inside the trace recorder."""
+    with tg.Graph("g") as g:
+        pass
+    with pytest.raises(tg.GraphError, match=words):
+        tg.current_cluster().run(g, **{option: value})
+
+
+def test_a_run_of_something_else_than_a_graph_says_so():
+    with pytest.raises(TypeError, match="takes a tg.Graph, not str"):
+        tg.current_cluster().run("notagraph")
+
+
+def test_a_checkpoint_directory_that_cannot_be_made_is_named():
+    with tg.Graph("g") as g:
+        pass
+    with pytest.raises(tg.RunError, match="checkpoint='/proc/nope/x'"):
+        tg.current_cluster().run(g, checkpoint="/proc/nope/x").wait()
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        ({"n": "2"}, "n is a number of"),
+        ({"n": 2.5}, "n is a number of"),
+        ({"workers": 0}, "workers must be an int >= 1"),
+        ({"blas_threads": 1.5}, "blas_threads must be an int >= 1"),
+        ({"timeout": -1}, "timeout must be a positive number"),
+    ],
+)
+def test_a_clusters_sizes_are_checked_before_it_starts(kwargs, words):
+    """``Cluster(n="2")`` raised a bare TypeError from a comparison; workers=0 passed."""
+    with pytest.raises((ValueError, tg.GraphError), match=words):
+        tg.Cluster(**kwargs)

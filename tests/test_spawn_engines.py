@@ -116,6 +116,25 @@ def test_an_uncaught_spawned_error_fails_the_run_and_the_next_run_works(engines)
     assert engines.run(g2).result(f) == 377
 
 
+@tg.task
+def holds(x) -> str:
+    return type(x).__name__
+
+
+def test_a_graph_argument_that_cannot_reach_the_engines_names_its_task(engines):
+    """cloudpickle's bare "cannot pickle '_thread.lock' object" named no task."""
+    import threading
+
+    with tg.Graph("lock") as g:
+        holds(1)
+        holds(threading.Lock())
+    with pytest.raises(tg.GraphError, match=r"task holds#1\(.*\): its arguments cannot be sent"):
+        engines.run(g)
+    with tg.Graph("next") as g2:
+        f = holds(2.0)
+    assert engines.run(g2).result(f) == "float"
+
+
 def gate(path: str, n: int) -> int:
     """fib(n), once ``path`` exists (the test opens it): keeps a run in flight."""
     deadline = time.monotonic() + 30

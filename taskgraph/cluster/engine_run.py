@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..core import pickling
-from ..core.errors import RemoteTraceback, RunError, TaskError, refuse_async
+from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError, refuse_async
 from ..dsl.datadeps import Data, settle, written_data
 from ..dsl.graph import Graph
 from ..dsl.options import NO_RUN_OPTIONS, RunOptions
@@ -114,9 +114,12 @@ class EngineRun(RunHandle):
         ]
         self._own_graph()
         _settle_ended_runs()  # (their holds off the data: their values go with this plan)
-        payload = pickling.dumps(
-            (self.plan, workers, blas_threads, trace, task_timeout, open, options)
-        )
+        try:
+            payload = pickling.dumps(
+                (self.plan, workers, blas_threads, trace, task_timeout, open, options)
+            )
+        except Exception as exc:  # (cloudpickle's own error named no task)
+            raise unsendable(graph, exc) from exc
         self.payload_bytes = len(payload)
         self.t0 = time.perf_counter()
         # (the client that hears this run's engines: another, or none, once the cluster closes)
@@ -532,3 +535,19 @@ def _settle_ended_runs() -> None:
 
 
 __all__ = ["STUCK_GRACE", "EngineRun"]
+
+
+def unsendable(graph: Graph, exc: Exception) -> GraphError:
+    """The error for a graph that cannot be pickled for the engines: the first task
+    whose function or arguments cannot be, named (``exc``: the pickler's error)."""
+    for t in graph.tasks:
+        for what, obj in (("function", t.fn), ("arguments", (t.args, t.kwargs))):
+            try:
+                pickling.dumps(obj)
+            except Exception as err:  # noqa: BLE001 - any pickling error names the task
+                return GraphError(
+                    f"task {graph.label(t.id)}: its {what} cannot be sent to the engines "
+                    f"({type(err).__name__}: {err}); pass values that pickle, or make "
+                    "them inside the task"
+                )
+    return GraphError(f"graph {graph.name!r} cannot be sent to the engines: {exc}")

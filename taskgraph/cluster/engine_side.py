@@ -308,7 +308,12 @@ def _watch(run, publish, interval: float, inbox: Inbox | None = None) -> None:
             "compile_seconds": 0.0,
             "stats": {},
             "values": [],
-            "error": RunError(f"the run's watcher on this engine failed: {exc!r}"),
+            "error": RunError(
+                f"rank {current_cluster().rank}: {exc}"
+                if isinstance(exc, TaskgraphError)  # (one of ours says what went wrong)
+                else f"rank {current_cluster().rank}: the run's watcher on this engine "
+                f"failed: {exc!r}"
+            ),
             "data": None,
             "batches": seq,
             "tally": _tally(run),

@@ -37,6 +37,7 @@ run still going that writes data it uses, or uses data it writes.
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 import signal
 import threading
@@ -55,7 +56,7 @@ from ..dsl.options import parse_memory
 from ..plan.planner import Plan
 from ..run.singlecopy import single_copy_env
 from . import engine_side, watchdog
-from .base import Cluster
+from .base import Cluster, checked_sizes
 from .engine_run import EngineRun
 from .launch import launcher_flavour, local_env
 from .submit import run_request
@@ -93,6 +94,7 @@ class EngineCluster(Cluster, kind="engines"):
         _client=None,
         _ipp_cluster=None,
     ):
+        checked_sizes(workers, blas_threads, timeout)
         self.limits = _checked_limits(cores, memory, gpus)
         self.workers = workers
         self.blas_threads = blas_threads
@@ -107,9 +109,9 @@ class EngineCluster(Cluster, kind="engines"):
         self._stuck: str | None = None  # an engine stuck in a task: what it is stuck in
         self.start_seconds = 0.0
         if _client is None:
-            if n is None or n < 1:
-                raise ValueError(f"Cluster(n=...) needs at least one engine, got n={n}")
-            self._start(n)
+            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"Cluster(n={n!r}): n is a number of engines, at least 1")
+            self._start(int(n))
         else:
             self._connect(_client, n)
 
@@ -495,6 +497,7 @@ class EngineCluster(Cluster, kind="engines"):
         graph, options = run_request(
             graph,
             open,
+            sizes={"workers": workers, "blas_threads": blas_threads, "task_timeout": task_timeout},
             retries=retries,
             on_failure=on_failure,
             checkpoint=checkpoint,

@@ -36,6 +36,7 @@ hanging.
 
 from __future__ import annotations
 
+import numbers
 import sys
 import threading
 
@@ -43,14 +44,14 @@ from ..calibrate import on_this_node
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..dsl.options import parse_memory
+from ..dsl.options import checked_seconds, parse_memory
 from ..dsl.tiled import use_clusters
 from ..plan.planner import Plan
 from ..run import procpool
 from ..run.comm import World, world
 from ..run.executor import BufferPool
 from ..run.resources import set_limits
-from .base import Cluster
+from .base import Cluster, checked_sizes
 from .jobrun import IdleRun, Run, compile_kernels, runs_in_flight
 from .submit import run_request
 
@@ -93,6 +94,8 @@ class JobCluster(Cluster, kind="job"):
         memory: int | str | None = None,
         gpus: int | None = None,
     ):
+        checked_sizes(workers, blas_threads, timeout)
+        checked_seconds(fetch_timeout, "fetch_timeout", "Cluster")
         mem = None if memory is None else parse_memory(memory, "Cluster(memory=...)")
         set_limits(cores, mem, gpus)  # (each rank's capacity: taskgraph.run.resources)
         self.job = world_ or world()
@@ -122,7 +125,7 @@ class JobCluster(Cluster, kind="job"):
         job = self.job.size
         if n is None:
             return job
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
             raise ValueError(f"Cluster(n={n!r}): n is a number of ranks, at least 1")
         if n > job:
             raise ValueError(
@@ -135,7 +138,7 @@ class JobCluster(Cluster, kind="job"):
                 f"ranks 0..{n - 1}; ranks {n}..{job - 1} take part in none of its runs",
                 file=sys.stderr,
             )
-        return n
+        return int(n)
 
     def _infos(self) -> list[dict]:
         """What an engine cluster's ``infos`` says, for each rank (members only)."""
@@ -202,6 +205,7 @@ class JobCluster(Cluster, kind="job"):
         graph, options = run_request(
             graph,
             open,
+            sizes={"workers": workers, "blas_threads": blas_threads, "task_timeout": task_timeout},
             retries=retries,
             on_failure=on_failure,
             checkpoint=checkpoint,

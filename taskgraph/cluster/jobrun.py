@@ -54,7 +54,7 @@ from ..run.comm import (
     wait_written,
     wire,
 )
-from ..run.dynamic import SpawnFuture, check_values
+from ..run.dynamic import SpawnFuture, check_values, running_here
 from ..run.executor import Executor, gc_frozen
 from ..trace.events import Trace
 from .handle import RunHandle
@@ -509,7 +509,9 @@ class Run(RunHandle):
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends (a queued run: starts and ends); raise its error if
         it failed on any rank; TimeoutError if it is still going after ``timeout`` s.
-        An open run is closed first (:meth:`close`)."""
+        An open run is closed first (:meth:`close`). GraphError inside one of
+        its own tasks (it would wait for itself)."""
+        self._refuse_own_task("run.wait()")
         self.close()
         try:
             self.join(timeout)
@@ -528,6 +530,23 @@ class Run(RunHandle):
             raise self._error
         self._say_summary()  # (in a script, if anything failed, was skipped or retried)
         return self
+
+    def _refuse_own_task(self, what: str) -> None:
+        """GraphError if this thread runs one of this run's tasks: the run cannot end
+        before the task does (a task that read another's future without taking it as an
+        argument hung its run, a trial)."""
+        here = running_here(self._executor) if self._executor is not None else None
+        if here is not None:
+            raise GraphError(
+                f"{here} waits for its own run {self.graph.name!r} to end ({what}): it "
+                "never would. Pass the future to the task as an argument (the task then "
+                "gets its value), or spawn the work with tg.spawn and wait for that"
+            )
+
+    def result(self, future=None):
+        """See :meth:`RunHandle.result`; GraphError inside one of this run's tasks."""
+        self._refuse_own_task("future.result()" if future is not None else "run.result()")
+        return super().result(future)
 
     def cancel(self, reason: str | None = None) -> None:
         """Stop the run on every rank; ``wait()`` then raises RunError naming ``reason``

@@ -41,9 +41,9 @@ from typing import Any
 
 from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError, TaskgraphError
 from ..dsl.graph import Graph, task
-from ..dsl.options import RunOptions
+from ..dsl.options import RunOptions, checked_count, checked_seconds
 from ..dsl.tasks import Future
-from ..run import dynamic
+from ..run import context, dynamic
 from ..run.attempts import Skipped
 from ..run.context import TaskAbandoned
 from ..run.dynamic import FAILED, SpawnFuture
@@ -68,17 +68,47 @@ def ensemble_graph(name: str = "ensemble") -> Graph:
     return g
 
 
-def run_request(graph: Graph | None, open: bool, **options: Any) -> tuple[Graph, RunOptions]:
+def run_request(
+    graph: Graph | None, open: bool, *, sizes: dict[str, Any], **options: Any
+) -> tuple[Graph, RunOptions]:
     """What ``cluster.run(graph, open=..., **options)`` runs, on every kind of cluster:
     the graph (a run of submitted calls only, for ``open=True`` without one) and the
     checked :class:`~taskgraph.dsl.options.RunOptions`; RunError for no graph and not
-    open, GraphError for a bad option."""
+    open, GraphError for a bad option (``sizes``: ``workers``, ``blas_threads`` and
+    ``task_timeout``, checked only), TypeError for something else than a graph and
+    RuntimeError inside a running task (its run would wait for the new one on its
+    rank alone: the ranks fell out of step, a trial)."""
+    refuse_in_task("cluster.run()")
     run_options = RunOptions.make(**options)
+    check_sizes(**sizes)
+    if graph is not None and not isinstance(graph, Graph):
+        raise TypeError(f"cluster.run() takes a tg.Graph, not {type(graph).__name__}")
     if graph is None:
         if not open:
             raise RunError("cluster.run() needs a graph, unless open=True")
         graph = ensemble_graph()
     return graph, run_options
+
+
+def check_sizes(workers: Any = None, blas_threads: Any = None, task_timeout: Any = None) -> None:
+    """GraphError naming the first bad one of cluster.run's per-rank sizes (None: the
+    cluster's own): they were taken as given, 0 and -1 included."""
+    for name, value in (("workers", workers), ("blas_threads", blas_threads)):
+        if value is not None:
+            checked_count(value, name, "cluster.run", 1)
+    checked_seconds(task_timeout, "task_timeout", "cluster.run")
+
+
+def refuse_in_task(what: str) -> None:
+    """RuntimeError if this thread runs a task (a run's worker, or a process=True
+    task's process): ``what`` is made by the script, on every rank alike."""
+    if context.current() is None and not context.in_pool_process:
+        return
+    raise RuntimeError(
+        f"{what} inside a running task: runs are made by the script (on every rank of a "
+        "batch job, or in the notebook); inside a task, start more work with "
+        "tg.spawn(fn, *args) and wait for it with fut.result()"
+    )
 
 
 def _done(fut: Any) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +37,12 @@ def parse_memory(memory: Any, what: str) -> int:
     return memory
 
 
-def _count(value: Any, name: str, what: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+def checked_count(value: Any, name: str, what: str, least: int) -> int:
+    """``value`` as an int (NumPy's too); GraphError naming ``what`` and ``name``
+    unless it is an integer of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise GraphError(f"{what}: {name} must be an int >= {least}, not {value!r}")
-    return value
+    return int(value)
 
 
 def _policy(value: Any, what: str) -> str:
@@ -48,7 +51,8 @@ def _policy(value: Any, what: str) -> str:
     return value
 
 
-def _seconds(value: Any, name: str, what: str) -> float | None:
+def checked_seconds(value: Any, name: str, what: str) -> float | None:
+    """``value`` as float seconds (None stays None); GraphError unless it is positive."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -87,13 +91,13 @@ class TaskOptions:
             raise GraphError(f"{what}: no such task option {', '.join(sorted(unknown))}")
         o = dataclasses.replace(base or DEFAULT, **kw)
         return cls(
-            retries=_count(o.retries, "retries", what, 0),
+            retries=checked_count(o.retries, "retries", what, 0),
             on_failure=_policy(o.on_failure, what),
-            timeout=_seconds(o.timeout, "timeout", what),
-            cores=_count(o.cores, "cores", what, 1),
+            timeout=checked_seconds(o.timeout, "timeout", what),
+            cores=checked_count(o.cores, "cores", what, 1),
             memory=parse_memory(o.memory, what),
-            gpus=_count(o.gpus, "gpus", what, 0),
-            ranks=_count(o.ranks, "ranks", what, 1),
+            gpus=checked_count(o.gpus, "gpus", what, 0),
+            ranks=checked_count(o.ranks, "ranks", what, 1),
             process=bool(o.process),
         )
 
@@ -128,13 +132,13 @@ class RunOptions:
         o = cls(**kw)
         what = "cluster.run"
         if o.retries is not None:
-            _count(o.retries, "retries", what, 0)
+            checked_count(o.retries, "retries", what, 0)
         if o.on_failure is not None:
             _policy(o.on_failure, what)
         if o.launch_rate is not None:
-            _seconds(o.launch_rate, "launch_rate", what)  # (a positive number)
+            checked_seconds(o.launch_rate, "launch_rate", what)  # (a positive number)
         if o.max_launching is not None:
-            _count(o.max_launching, "max_launching", what, 1)
+            checked_count(o.max_launching, "max_launching", what, 1)
         if o.checkpoint is not None:
             return dataclasses.replace(o, checkpoint=str(o.checkpoint))
         return o

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import operator
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -366,9 +367,9 @@ class TiledMatrix:
         """``(i, j)`` of ``A[i, j]``, or of ``v[i]`` (``v[i, 0]``) for a vector."""
         try:
             if self.ndim == 1 and not isinstance(ij, tuple):
-                return int(ij), 0
+                return operator.index(ij), 0
             i, j = ij
-            return int(i), int(j)
+            return operator.index(i), operator.index(j)  # (int() took A[0.5, 0] as A[0, 0])
         except (TypeError, ValueError):
             how = f"{self.name}[i]" if self.ndim == 1 else f"{self.name}[i, j]"
             raise GraphError(f"index tiles of {self.name} as {how}, not {describe(ij)}") from None

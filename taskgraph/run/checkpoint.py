@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import RunError
+
 _SCALARS = frozenset({int, float, complex, str, bytes, bool, type(None)})
 
 
@@ -150,7 +152,13 @@ class Checkpoint:
 
     def __init__(self, directory: str | os.PathLike):
         self.root = Path(directory)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # (a bare FileNotFoundError named no option)
+            raise RunError(
+                f"cluster.run(checkpoint={str(directory)!r}): the directory cannot be made "
+                f"({exc.strerror or exc})"
+            ) from None
         self._warned = False
 
     def key(self, fn: Any, args: tuple | list, kwargs: dict) -> str | None:

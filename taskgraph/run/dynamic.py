@@ -554,6 +554,28 @@ def _context(what: str) -> tuple:
     return ctx
 
 
+def _inside(frame: Frame | None, fut: SpawnFuture) -> bool:
+    """Whether ``frame`` is ``fut`` or a call it spawned, at any depth (on any worker of
+    this rank): a wait of ``frame`` for ``fut`` would never end."""
+    while frame is not None:
+        if frame is fut:
+            return True
+        frame = getattr(frame, "parent", None)  # (a static task's frame has none)
+    return False
+
+
+def running_here(ex: Any) -> str | None:
+    """ "task T on rank r/s" if this thread runs a task (or spawned call) of the
+    executor ``ex``; None otherwise."""
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None or ctx[0] is not ex:
+        return None
+    _, index, frames = ctx
+    tid = ex.current[index]
+    label = frames[-1].label() if frames else ex.graph.label(tid) if tid >= 0 else "?"
+    return f"task {label} on rank {ex.net.rank}/{ex.net.size}"
+
+
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
@@ -858,6 +880,13 @@ class SpawnRunner:
                 f"spawned calls nested {len(frames)} deep on one worker of rank {net.rank}/"
                 f"{net.size} (at most {NEST_LIMIT}): {frames[-1].label()} cannot wait for "
                 f"{fut.label()}"
+            )
+        if frames and fut.state == RUNNING and _inside(frames[-1], fut):
+            net = self.net
+            raise RuntimeError(
+                f"{frames[-1].label()} on rank {net.rank}/{net.size} waits for "
+                f"{fut.label()}, which it runs inside (its own future, or a caller's): "
+                "it would wait for ever"
             )
         held = attempts.give_back() if frames is not None and fut.state < DONE else None
         if held is not None:  # (a managed call waits: its resources go back meanwhile)
