@@ -168,6 +168,25 @@ def pairs_of_runs_in_flight_one_after_another():
 
 
 @scenario
+def a_first_object_reduction_beside_a_submit_to_a_new_run():
+    """Rank 0 submits to an open run made just now (it waits for the run to start),
+    and every rank then makes the script's first ``comm.allreduce``: mpi4py duplicates
+    COMM_WORLD for it, blocking, and that hung the other ranks' run threads in their
+    Idup, 10 of 10 jobs on both MPIs (a trial). Each scenario is a job of its own
+    under mpiexec, so this is the job's first object reduction."""
+    c = cluster()
+    if c.world is None or c.world.comm is None:
+        return
+    from mpi4py import MPI
+
+    run = c.run(open=True)
+    f = run.submit(abs, -3) if c.rank == 0 else None
+    assert MPI.COMM_WORLD.allreduce(1) == MPI.COMM_WORLD.size
+    run.wait(60)
+    assert f is None or f.result() == 3
+
+
+@scenario
 def kernel_raises_then_next_run_works():
     size = cluster().size
     bad_rank = size - 1

@@ -307,6 +307,10 @@ class World:
                     f"level {MPI.Query_thread()}: do not lower mpi4py.rc.thread_level"
                 )
             self.comm = MPI.COMM_WORLD.Dup()  # (taskgraph's own: see the module's doc)
+            # mpi4py's first object reduction on a communicator duplicates it, blocking
+            # every rank; a script's first comm.allreduce, beside a run thread's Idup,
+            # hung both MPIs (2 and 3 ranks, 10 of 10): done here, where all ranks are
+            MPI.COMM_WORLD.allreduce(0)
             # large messages between ranks on one node in one copy (an MPICH setting;
             # Open MPI's shared-memory transport does that by itself where it can)
             self.single_copy = "MPICH" in MPI.Get_library_version() and any(
