@@ -869,6 +869,45 @@ def a_task_past_its_timeout_fails_the_run_on_every_rank():
         _next_run_works()
 
 
+def _busy_leaf(seconds: float) -> int:
+    """A pure-Python loop: it stops only when interrupted (or after ``seconds``)."""
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += 1
+    return n
+
+
+@tg.task
+def _long_leaves(k: int) -> int:
+    return len(tg.wait([tg.spawn(_busy_leaf, 20.0) for _ in range(k)]))
+
+
+@scenario
+def a_cancel_idles_every_rank_within_2_s_even_in_long_leaves():
+    """Every rank busy in a stolen pure-Python leaf; rank 0 cancels. The others heard of
+    it only once rank 0 had waited out its workers' grace (a trial: idle at 4 s, the
+    canceller at 2 s); now every rank's wait ends within 2 s of the cancel."""
+    c = cluster()
+    with tg.Graph("long") as g:
+        _long_leaves(3 * c.size)
+    c.barrier()
+    at = time.monotonic() + 1.0  # (one monotonic clock for every process of a host)
+    run = c.run(g)
+    if c.rank == 0:
+        time.sleep(max(0.0, at - time.monotonic()))
+        run.cancel()
+    try:
+        run.wait(timeout=30)
+    except tg.RunError as err:
+        took = time.monotonic() - at
+        assert "cancelled by the user" in str(err), str(err)
+        assert took < 2.0, f"rank {c.rank} ended {took:.2f} s after the cancel"
+    else:
+        raise AssertionError("the cancelled run ended well")
+    _no_worker_left()
+    _next_run_works()
+
+
 @scenario
 def cancel_of_a_task_that_never_returns_stops_the_run():
     """A cancel (twice, and again from another thread while the run ends) stops a run

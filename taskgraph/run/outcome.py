@@ -139,7 +139,7 @@ class OutcomeProtocol:
         failure: Failure | None = self.failure
         if net.size > 1:
             if failure is not None:
-                if failure.origin:
+                if failure.origin and not self.abort_sent:  # (see Executor._abort_now)
                     tr.send_abort(commlib.dumps(failure.to_wire()))
                 tr.abandon()
             late: list[Failure] = []

@@ -22,7 +22,7 @@ SHORT_KERNEL = 20e-6
 PARK = 200e-6  # a parked worker looks again this often, and helps with a task this old
 # seconds a worker still in its task when the run stops (a failure, a cancel, a
 # timeout) is given before it is interrupted and abandoned
-STOP_GRACE = 2.0
+STOP_GRACE = 1.5  # (below 2: every rank idle within 2 s of a cancel, the figure)
 # seconds a timed attempt under a failure policy is given after its interrupt before
 # its thread is abandoned (stuck in a C call), and the policy goes on
 ABANDON = 0.5
