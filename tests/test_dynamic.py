@@ -1025,3 +1025,27 @@ def test_a_call_that_waits_on_its_own_future_fails_at_once(depth, workers):
         f = fib(12)
     run_in_process(g, workers)
     assert f.result() == serial_fib(12)
+
+
+@tg.task
+def polls_its_caller():
+    """A call that waits for its caller with a timeout: that wait ends (a review)."""
+    box: dict = {}
+
+    def child():
+        try:
+            return box["parent"].result(timeout=0.3)
+        except TimeoutError:
+            return "went on"
+
+    box["parent"] = tg.spawn(lambda: tg.spawn(child).result())
+    return box["parent"].result()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_timed_wait_for_a_caller_is_not_refused(workers):
+    with tg.Graph("poll") as g:
+        f = polls_its_caller()
+    run_in_process(g, workers)
+    assert f.result() == "went on"

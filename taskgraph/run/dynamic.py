@@ -413,6 +413,8 @@ class SpawnFuture(Frame):
         the calls it helps with (this one too) on a thread of their own, one at a
         time, so that it ends at its time."""
         if self.state < DONE:
+            if timeout is None:
+                refuse_own_wait(self)
             self.owner.wait_for(self, past(timeout))
             if self.state < DONE:
                 raise TimeoutError(f"{self.label()} has not ended after {timeout} s")
@@ -554,14 +556,25 @@ def _context(what: str) -> tuple:
     return ctx
 
 
-def _inside(frame: Frame | None, fut: SpawnFuture) -> bool:
-    """Whether ``frame`` is ``fut`` or a call it spawned, at any depth (on any worker of
-    this rank): a wait of ``frame`` for ``fut`` would never end."""
+def refuse_own_wait(fut: SpawnFuture) -> None:
+    """RuntimeError if this thread runs ``fut`` or a call it spawned, at any depth (on
+    any worker of this rank): an untimed wait for it would never end (it hung, using no
+    CPU, a trial). Timed waits end at their time, and ``as_completed`` may yield others."""
+    if fut.state != RUNNING:
+        return
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None or ctx[0] is not fut.owner or not ctx[2]:
+        return
+    frame: Frame | None = ctx[2][-1]
     while frame is not None:
         if frame is fut:
-            return True
+            net = fut.owner.net
+            raise RuntimeError(
+                f"{ctx[2][-1].label()} on rank {net.rank}/{net.size} waits for "
+                f"{fut.label()}, which it runs inside (its own future, or a caller's): "
+                "it would wait for ever"
+            )
         frame = getattr(frame, "parent", None)  # (a static task's frame has none)
-    return False
 
 
 def running_here(ex: Any) -> str | None:
@@ -689,6 +702,8 @@ def wait(futures: Iterable[SpawnFuture], timeout: float | None = None) -> list:
     values = []
     try:
         for f in futures:
+            if late is None and f.state == RUNNING:
+                refuse_own_wait(f)
             while f.state < DONE:  # (until it ends, or one of them fails: raised at once,
                 owner = f.owner  # not after the tree below the calls before it: an error
                 failed = owner.calls_failed  # 6 levels down 729 calls came out 18 s late)
@@ -880,13 +895,6 @@ class SpawnRunner:
                 f"spawned calls nested {len(frames)} deep on one worker of rank {net.rank}/"
                 f"{net.size} (at most {NEST_LIMIT}): {frames[-1].label()} cannot wait for "
                 f"{fut.label()}"
-            )
-        if frames and fut.state == RUNNING and _inside(frames[-1], fut):
-            net = self.net
-            raise RuntimeError(
-                f"{frames[-1].label()} on rank {net.rank}/{net.size} waits for "
-                f"{fut.label()}, which it runs inside (its own future, or a caller's): "
-                "it would wait for ever"
             )
         held = attempts.give_back() if frames is not None and fut.state < DONE else None
         if held is not None:  # (a managed call waits: its resources go back meanwhile)

@@ -269,6 +269,8 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
             try:
                 tr.send_abort(commlib.dumps(failure.to_wire()))
                 self.abort_sent = True
+            except Exception:  # noqa: BLE001 - the cleanup that follows must run; _conclude tries again
+                pass
             finally:
                 tr.token.release()
 
