@@ -103,8 +103,8 @@ def test_a_checkpoint_directory_that_cannot_be_made_is_named():
 @pytest.mark.parametrize(
     "kwargs,words",
     [
-        ({"n": "2"}, "n is a number of"),
-        ({"n": 2.5}, "n is a number of"),
+        ({"n": "2"}, "at least one engine"),
+        ({"n": 2.5}, "at least one engine"),
         ({"workers": 0}, "workers must be an int >= 1"),
         ({"blas_threads": 1.5}, "blas_threads must be an int >= 1"),
         ({"timeout": -1}, "timeout must be a positive number"),

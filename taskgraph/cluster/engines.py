@@ -110,7 +110,7 @@ class EngineCluster(Cluster, kind="engines"):
         self.start_seconds = 0.0
         if _client is None:
             if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"Cluster(n={n!r}): n is a number of engines, at least 1")
+                raise ValueError(f"Cluster(n={n!r}) needs a whole number, at least one engine")
             self._start(int(n))
         else:
             self._connect(_client, n)

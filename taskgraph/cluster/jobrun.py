@@ -544,7 +544,8 @@ class Run(RunHandle):
             )
 
     def result(self, future=None):
-        """See :meth:`RunHandle.result`; GraphError inside one of this run's tasks."""
+        """The value of ``future`` in this run, as :meth:`RunHandle.result` gives it;
+        GraphError inside one of this run's own tasks (it would wait for itself)."""
         self._refuse_own_task("future.result()" if future is not None else "run.result()")
         return super().result(future)
 
