@@ -13,7 +13,6 @@ from typing import Any
 
 from ..core import config
 from ..dsl.graph import Graph
-from ..dsl.options import checked_count, checked_seconds
 from ..plan.planner import Plan
 
 
@@ -28,15 +27,6 @@ def _signature(
     gpus: int | None = None,
 ) -> None:
     """The parameters every kind of cluster takes (shown by ``tg.Cluster?``)."""
-
-
-def checked_sizes(workers: Any, blas_threads: Any, timeout: Any) -> None:
-    """GraphError naming the first bad one of ``Cluster(...)``'s per-rank sizes and its
-    start timeout (None: the default): they were taken as given, 0 and -1 included."""
-    for name, value in (("workers", workers), ("blas_threads", blas_threads)):
-        if value is not None:
-            checked_count(value, name, "Cluster", 1)
-    checked_seconds(timeout, "timeout", "Cluster")
 
 
 class Cluster:

@@ -534,9 +534,6 @@ def _settle_ended_runs() -> None:
                 run._settle()
 
 
-__all__ = ["STUCK_GRACE", "EngineRun"]
-
-
 def unsendable(graph: Graph, exc: Exception) -> GraphError:
     """The error for a graph that cannot be pickled for the engines: the first task
     whose function or arguments cannot be, named (``exc``: the pickler's error)."""
@@ -551,3 +548,6 @@ def unsendable(graph: Graph, exc: Exception) -> GraphError:
                     "them inside the task"
                 )
     return GraphError(f"graph {graph.name!r} cannot be sent to the engines: {exc}")
+
+
+__all__ = ["STUCK_GRACE", "EngineRun"]

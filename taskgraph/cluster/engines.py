@@ -37,7 +37,6 @@ run still going that writes data it uses, or uses data it writes.
 from __future__ import annotations
 
 import itertools
-import numbers
 import os
 import signal
 import threading
@@ -52,11 +51,11 @@ import numpy as np
 from ..core import config, pickling
 from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..dsl.options import parse_memory
+from ..dsl.options import checked_sizes, parse_memory, whole
 from ..plan.planner import Plan
 from ..run.singlecopy import single_copy_env
 from . import engine_side, watchdog
-from .base import Cluster, checked_sizes
+from .base import Cluster
 from .engine_run import EngineRun
 from .launch import launcher_flavour, local_env
 from .submit import run_request
@@ -94,7 +93,7 @@ class EngineCluster(Cluster, kind="engines"):
         _client=None,
         _ipp_cluster=None,
     ):
-        checked_sizes(workers, blas_threads, timeout)
+        checked_sizes("Cluster", workers, blas_threads, timeout=timeout)
         self.limits = _checked_limits(cores, memory, gpus)
         self.workers = workers
         self.blas_threads = blas_threads
@@ -109,7 +108,7 @@ class EngineCluster(Cluster, kind="engines"):
         self._stuck: str | None = None  # an engine stuck in a task: what it is stuck in
         self.start_seconds = 0.0
         if _client is None:
-            if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
+            if not whole(n, 1):
                 raise ValueError(f"Cluster(n={n!r}) needs a whole number, at least one engine")
             self._start(int(n))
         else:

@@ -36,7 +36,6 @@ hanging.
 
 from __future__ import annotations
 
-import numbers
 import sys
 import threading
 
@@ -44,14 +43,14 @@ from ..calibrate import on_this_node
 from ..core import config
 from ..core.errors import RunError
 from ..dsl.graph import Graph
-from ..dsl.options import checked_seconds, parse_memory
+from ..dsl.options import checked_sizes, parse_memory, whole
 from ..dsl.tiled import use_clusters
 from ..plan.planner import Plan
 from ..run import procpool
 from ..run.comm import World, world
 from ..run.executor import BufferPool
 from ..run.resources import set_limits
-from .base import Cluster, checked_sizes
+from .base import Cluster
 from .jobrun import IdleRun, Run, compile_kernels, runs_in_flight
 from .submit import run_request
 
@@ -94,8 +93,9 @@ class JobCluster(Cluster, kind="job"):
         memory: int | str | None = None,
         gpus: int | None = None,
     ):
-        checked_sizes(workers, blas_threads, timeout)
-        checked_seconds(fetch_timeout, "fetch_timeout", "Cluster")
+        checked_sizes(
+            "Cluster", workers, blas_threads, timeout=timeout, fetch_timeout=fetch_timeout
+        )
         mem = None if memory is None else parse_memory(memory, "Cluster(memory=...)")
         set_limits(cores, mem, gpus)  # (each rank's capacity: taskgraph.run.resources)
         self.job = world_ or world()
@@ -125,8 +125,9 @@ class JobCluster(Cluster, kind="job"):
         job = self.job.size
         if n is None:
             return job
-        if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
+        if not whole(n, 1):
             raise ValueError(f"Cluster(n={n!r}): n is a number of ranks, at least 1")
+        n = int(n)
         if n > job:
             raise ValueError(
                 f"Cluster(n={n}) inside an MPI job of {job} rank(s): start the job with at "
@@ -138,7 +139,7 @@ class JobCluster(Cluster, kind="job"):
                 f"ranks 0..{n - 1}; ranks {n}..{job - 1} take part in none of its runs",
                 file=sys.stderr,
             )
-        return int(n)
+        return n
 
     def _infos(self) -> list[dict]:
         """What an engine cluster's ``infos`` says, for each rank (members only)."""

@@ -41,7 +41,7 @@ from typing import Any
 
 from ..core.errors import GraphError, RemoteTraceback, RunError, TaskError, TaskgraphError
 from ..dsl.graph import Graph, task
-from ..dsl.options import RunOptions, checked_count, checked_seconds
+from ..dsl.options import RunOptions, checked_sizes
 from ..dsl.tasks import Future
 from ..run import context, dynamic
 from ..run.attempts import Skipped
@@ -80,7 +80,7 @@ def run_request(
     rank alone: the ranks fell out of step, a trial)."""
     refuse_in_task("cluster.run()")
     run_options = RunOptions.make(**options)
-    check_sizes(**sizes)
+    checked_sizes("cluster.run", **sizes)
     if graph is not None and not isinstance(graph, Graph):
         raise TypeError(f"cluster.run() takes a tg.Graph, not {type(graph).__name__}")
     if graph is None:
@@ -88,15 +88,6 @@ def run_request(
             raise RunError("cluster.run() needs a graph, unless open=True")
         graph = ensemble_graph()
     return graph, run_options
-
-
-def check_sizes(workers: Any = None, blas_threads: Any = None, task_timeout: Any = None) -> None:
-    """GraphError naming the first bad one of cluster.run's per-rank sizes (None: the
-    cluster's own): they were taken as given, 0 and -1 included."""
-    for name, value in (("workers", workers), ("blas_threads", blas_threads)):
-        if value is not None:
-            checked_count(value, name, "cluster.run", 1)
-    checked_seconds(task_timeout, "task_timeout", "cluster.run")
 
 
 def refuse_in_task(what: str) -> None:

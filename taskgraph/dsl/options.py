@@ -14,7 +14,7 @@ import functools
 import numbers
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..core.errors import GraphError
 
@@ -37,10 +37,17 @@ def parse_memory(memory: Any, what: str) -> int:
     return memory
 
 
+def whole(value: Any, least: int) -> TypeGuard[numbers.Integral]:
+    """Whether ``value`` is an integer (NumPy's too, not a bool) of at least ``least``."""
+    return (
+        isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= least
+    )
+
+
 def checked_count(value: Any, name: str, what: str, least: int) -> int:
     """``value`` as an int (NumPy's too); GraphError naming ``what`` and ``name``
     unless it is an integer of at least ``least``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+    if not whole(value, least):
         raise GraphError(f"{what}: {name} must be an int >= {least}, not {value!r}")
     return int(value)
 
@@ -58,6 +65,17 @@ def checked_seconds(value: Any, name: str, what: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise GraphError(f"{what}: {name} must be a positive number of seconds, not {value!r}")
     return float(value)
+
+
+def checked_sizes(what: str, workers: Any, blas_threads: Any, **seconds: Any) -> None:
+    """GraphError naming the first bad one of ``what``'s per-rank sizes (``Cluster``'s,
+    ``cluster.run``'s; None: the default) and its ``seconds`` (timeouts): they were
+    taken as given, 0 and -1 included."""
+    for name, value in (("workers", workers), ("blas_threads", blas_threads)):
+        if value is not None:
+            checked_count(value, name, what, 1)
+    for name, value in seconds.items():
+        checked_seconds(value, name, what)
 
 
 @dataclass(frozen=True)

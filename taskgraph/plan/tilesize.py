@@ -27,8 +27,9 @@ the candidates, and :class:`Choice` keeps them so that the demo can say why.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
+
+from ..dsl.options import whole
 
 FLOPS = {"gemm": 2.0, "syrk": 1.0, "trsm": 1.0, "potrf": 1.0 / 3.0}  # x b³
 TASK_OVERHEAD = 30e-6  # seconds of runtime per task (scheduling, a hop), a rough figure
@@ -81,11 +82,6 @@ def least(estimates: dict[int, float], margin: float = TIE_MARGIN) -> int:
     return max(b for b, t in estimates.items() if t <= best * (1 + margin))
 
 
-def _positive_int(v) -> bool:
-    """An int (NumPy's too, not a bool) of at least 1."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1
-
-
 def choose(n: int, cores: int, speeds: dict[int, dict[str, float]], peak: float) -> Choice:
     """The tile of least estimated time among ``speeds`` (tile -> kernel -> GFLOP/s on
     one core), ties within ``TIE_MARGIN`` to the largest (:func:`least`), for n x n on
@@ -94,7 +90,7 @@ def choose(n: int, cores: int, speeds: dict[int, dict[str, float]], peak: float)
     if not speeds:
         raise ValueError("choose: no measured tile sizes")
     for name, v in (("the matrix order n", n), ("cores", cores)):
-        if not _positive_int(v):
+        if not whole(v, 1):
             raise ValueError(f"choose: {name} must be a positive int (got {v!r})")
     fits = {b: s for b, s in speeds.items() if b <= n} or {min(speeds): speeds[min(speeds)]}
     est = {b: estimate(n, b, cores, s) for b, s in fits.items()}

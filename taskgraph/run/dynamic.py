@@ -568,11 +568,9 @@ def refuse_own_wait(fut: SpawnFuture) -> None:
     frame: Frame | None = ctx[2][-1]
     while frame is not None:
         if frame is fut:
-            net = fut.owner.net
             raise RuntimeError(
-                f"{ctx[2][-1].label()} on rank {net.rank}/{net.size} waits for "
-                f"{fut.label()}, which it runs inside (its own future, or a caller's): "
-                "it would wait for ever"
+                f"{running_here(fut.owner)} waits for {fut.label()}, which it runs inside "
+                "(its own future, or a caller's): it would wait for ever"
             )
         frame = getattr(frame, "parent", None)  # (a static task's frame has none)
 

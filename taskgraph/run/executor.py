@@ -187,7 +187,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
         self.current = [-1] * self.nworkers  # each worker's task, -1: none
         self._abandoned: set[int] = set()  # workers the run no longer waits for
         self._stuck: list[str] = []  # their tasks, described for the error
-        self.abort_sent = False  # this rank's failure went to the others before the join
+        self.abort_sent = False  # this rank's failure went out before the join (outcome)
         self._cancel: str | None = None  # a cancel's reason, until the progress thread acts
         self.mean_task = 1.0  # seconds, a running average (no task seen yet: long)
         # ... of the tasks run the moment their tile landed (none yet: short, so the
@@ -256,23 +256,6 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 self._abandoned.add(i)
                 self.trace.task(t, i, start, now, TASK_FAILED)
                 self._fail(t, TimeoutError(f"timed out after {limit:g} s"))
-
-    def _abort_now(self) -> None:
-        """A failure of this rank (a cancel too) goes to the others before its workers'
-        grace, not after it: theirs ran on, a grace behind (a cancelled rank of long
-        leaves idle at 2 s, the others at 4 s, a trial)."""
-        failure = self.failure
-        if self.net.size == 1 or failure is None or not failure.origin:
-            return
-        tr = self.transfers
-        if tr.token.acquire(timeout=0.2):  # (a worker mid-poll lets go at once)
-            try:
-                tr.send_abort(commlib.dumps(failure.to_wire()))
-                self.abort_sent = True
-            except Exception:  # noqa: BLE001 - the cleanup that follows must run; _conclude tries again
-                pass
-            finally:
-                tr.token.release()
 
     def _join_workers(self, threads: list[threading.Thread]) -> None:
         """Wait for the workers to stop (the run is stopping). A worker whose task timed
@@ -370,7 +353,7 @@ class Executor(WorkerLoop, DirectPath, SpawnRunner, OutcomeProtocol):
                 self.stopping = True
                 self.lock.notify_all()
                 self.drop_spawned()
-            self._abort_now()
+            self._abort_early()
             self._join_workers(threads)
             self.launcher.close()
             if self.steal is not None:

@@ -10,8 +10,12 @@ communicator is closed, so that every rank raises the same
 :class:`~taskgraph.core.errors.TaskError` (or :class:`~taskgraph.core.errors.RunError`
 for a cancel or a runtime fault), and the next run starts clean::
 
-    fail / remote_abort ──► stopping ──► workers joined ──► conclude:
-        send_abort (origin) ─► barrier ─► allgather(failures, stuck) ─► raise
+    fail / remote_abort ──► stopping ──► abort sent (origin) ──► workers joined ──►
+        conclude: barrier ─► allgather(failures, stuck) ─► raise
+
+The abort goes out before this rank waits out its workers' grace (a cancelled rank of
+long leaves was idle at 2 s, the others at 4 s, a trial); where it could not be sent
+then, ``conclude`` sends it.
 """
 
 from __future__ import annotations
@@ -129,8 +133,30 @@ class OutcomeProtocol:
             self._fail(None, RunError(self._cancel), cancel=True)
             failure = self.failure
         assert failure is not None
-        self.transfers.send_abort(commlib.dumps(failure.to_wire()))
+        self._send_abort(failure)
         return failure
+
+    def _send_abort(self: Any, failure: Failure) -> None:
+        """Send this rank's ``failure`` to every other rank."""
+        self.transfers.send_abort(commlib.dumps(failure.to_wire()))
+
+    def _abort_early(self: Any) -> None:
+        """Send this rank's failure (a cancel too) as the run stops, before its workers
+        are joined (see the module's doc). Not where the network token stays held (a
+        task run the moment its tile landed), nor if the send fails: the cleanup after
+        must run, and ``conclude`` tries again."""
+        failure = self.failure
+        if self.net.size == 1 or failure is None or not failure.origin:
+            return
+        tr = self.transfers
+        if tr.token.acquire(timeout=0.2):  # (a worker mid-poll lets go at once)
+            try:
+                self._send_abort(failure)
+                self.abort_sent = True
+            except Exception:  # noqa: BLE001 - see above: conclude tries again
+                pass
+            finally:
+                tr.token.release()
 
     def _conclude(self: Any) -> None:
         """Agree with every rank on the outcome, gather the trace and the results,
@@ -139,8 +165,8 @@ class OutcomeProtocol:
         failure: Failure | None = self.failure
         if net.size > 1:
             if failure is not None:
-                if failure.origin and not self.abort_sent:  # (see Executor._abort_now)
-                    tr.send_abort(commlib.dumps(failure.to_wire()))
+                if failure.origin and not self.abort_sent:  # (see _abort_early)
+                    self._send_abort(failure)
                 tr.abandon()
             late: list[Failure] = []
 
